@@ -1,0 +1,541 @@
+"""Syntax tree → typed IR: names, dtypes, symbolic shapes, broadcasting, arity.
+
+Declared kernels are checked once.  A headerless kernel takes its types from the
+call: ``check`` receives one ``Arg`` per input (dtype, and which axes have size 1)
+and every other axis gets a symbol; symbols that must agree (broadcast partners,
+a matmul's inner dimension) are unified and renamed before the final pass.
+"""
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+from dataclasses import dataclass
+
+import torch
+
+from . import dtypes as D
+from . import syntax as S
+from .dtypes import DType
+from .errors import SpecError, Span, did_you_mean
+from .lower import HELPERS
+from .ir import Dim, KernelIR, Node, Op, Param, Shape, Stmt, type_str
+
+
+@dataclass(frozen=True)
+class Arg:
+    """What a call tells a headerless kernel about one input."""
+
+    dtype: DType
+    ones: tuple[bool, ...] | None   # per axis: is its size 1; None for a Python number
+    is_list: bool = False
+
+
+# Names that a spec may not use: generated code is Python, and its own names
+# (modules, the launch machinery) must never be shadowed by a spec's.
+RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist", ()))
+            | frozenset(dir(builtins))
+            | {"tl", "triton", "torch", "math", "pid", "offs", "mask", "grid", "out", "n_elements",
+               "kernel", "meta", "self", "cls", "inf", "nan"})
+# Generated code derives names from a spec's (X_ptr, X_stride0) and has its own
+# constexprs (BLOCK_SIZE) and locals (idx0, size1): a spec's names stay clear of both.
+_RESERVED_PATTERN = re.compile(r"_|.*_(ptr|offs|stride\d*|size\d*|mask)$|(BLOCK|NUM|GROUP|USE|INT64)(_|$)"
+                               r"|(idx|size|stride|rem|acc|row|col)\d*$")
+
+
+@dataclass(frozen=True)
+class Fn:
+    op: Op
+    params: tuple[str, ...]
+    defaults: tuple[tuple[str, object], ...] = ()
+    result: str = "same"       # same | float | promote | bool | cast
+
+
+_UNARY_FLOAT = ["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+                "gelu", "gelu_tanh", "silu", "softplus"]
+FUNCTIONS: dict[str, Fn] = {
+    **{n: Fn(Op[n.upper()], ("x",), result="float") for n in _UNARY_FLOAT},
+    "abs": Fn(Op.ABS, ("x",)),
+    "relu": Fn(Op.RELU, ("x",)),
+    "leaky_relu": Fn(Op.LEAKY_RELU, ("x", "alpha"), (("alpha", 0.01),), result="promote"),
+    "maximum": Fn(Op.MAXIMUM, ("a", "b"), result="promote"),
+    "minimum": Fn(Op.MINIMUM, ("a", "b"), result="promote"),
+    "where": Fn(Op.WHERE, ("cond", "a", "b"), result="promote"),
+    "clamp": Fn(Op.CLAMP, ("x", "lo", "hi"), (("lo", None), ("hi", None)), result="promote"),
+    "sum": Fn(Op.SUM, ("x", "axis"), (("axis", -1),)),
+    "max": Fn(Op.MAX, ("x", "axis"), (("axis", -1),)),
+    "min": Fn(Op.MIN, ("x", "axis"), (("axis", -1),)),
+    "mean": Fn(Op.MEAN, ("x", "axis"), (("axis", -1),), result="float"),
+    **{d: Fn(Op.CAST, ("x",), result="cast") for d in D.BY_NAME},
+}
+
+BINARY_OPS = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "**": Op.POW, "@": Op.MATMUL,
+              "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "==": Op.EQ, "!=": Op.NE}
+_COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
+
+
+def check(module: S.Module, args: dict[str, tuple[Arg, ...]] | None = None) -> tuple[KernelIR, ...]:
+    """Check every kernel of ``module``; ``args`` gives headerless kernels their inputs' types."""
+    _check_schedules(module)
+    seen: dict[str, S.Kernel] = {}
+    kernels = []
+    for k in module.kernels:
+        if k.name.id in seen:
+            raise SpecError(f"kernel '{k.name.id}' is defined twice", k.name.span)
+        seen[k.name.id] = k
+        schedule = _schedule_for(module, k.name.id)
+        if k.headerless:
+            kernels.append(_check_headerless(k, module, (args or {}).get(k.name.id, ()), schedule))
+        else:
+            kernels.append(_Checker(module, strict=True).kernel(k, schedule))
+    return tuple(kernels)
+
+
+def headerless_inputs(kernel: S.Kernel) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(inputs, outputs) of a headerless kernel: names read before they are assigned,
+    in order of first appearance; assigned names that no later statement reads."""
+    inputs: list[str] = []
+    assigned: list[str] = []
+    read_after: set[str] = set()
+    for stmt in kernel.body:
+        for name in _names_read(stmt.value):
+            if name not in assigned and name not in inputs:
+                inputs.append(name)
+            read_after.add(name)
+        if stmt.target.id in assigned or stmt.target.id in inputs:
+            raise SpecError(f"'{stmt.target.id}' is assigned twice; give each value its own name",
+                            stmt.target.span)
+        read_after.discard(stmt.target.id)
+        assigned.append(stmt.target.id)
+    used_later = set()
+    outputs = []
+    for stmt in reversed(kernel.body):
+        if stmt.target.id not in used_later:
+            outputs.append(stmt.target.id)
+        used_later |= set(_names_read(stmt.value))
+    return tuple(inputs), tuple(reversed(outputs))
+
+
+def _names_read(expr: S.Expr) -> list[str]:
+    out, stack = [], [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, S.Name):
+            out.append(e.id)
+        elif isinstance(e, S.Call):
+            stack.extend(reversed([*e.args, *(v for _, v in e.kwargs)]))
+        elif isinstance(e, S.BinOp):
+            stack.extend([e.right, e.left])
+        elif isinstance(e, S.Neg):
+            stack.append(e.operand)
+    return out
+
+
+def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], schedule) -> KernelIR:
+    if not k.body:
+        raise SpecError("the spec has no statements", k.span)
+    inputs, outputs = headerless_inputs(k)
+    if len(args) != len(inputs):
+        raise SpecError(f"expected {len(inputs)} inputs ({', '.join(inputs)}), got {len(args)}", k.span)
+    # Pass 1: a fresh symbol per axis that is not 1; collect which symbols must agree.
+    first = _Checker(module, strict=False)
+    params = []
+    for i, (name, a) in enumerate(zip(inputs, args)):
+        shape = None if a.ones is None else tuple(1 if one else f"_{i}_{ax}" for ax, one in enumerate(a.ones))
+        params.append((name, a.dtype, shape, a.is_list))
+    first.kernel(_headerless_kernel(k, params, outputs), schedule)
+    # Pass 2: each class of unified symbols gets one readable name; no unification left.
+    rename = first.canonical_names(set(inputs) | {a.target.id for a in k.body})
+    params = [(n, dt, None if sh is None else tuple(rename.get(d, d) for d in sh), lst)
+              for n, dt, sh, lst in params]
+    return _Checker(module, strict=True).kernel(_headerless_kernel(k, params, outputs), schedule)
+
+
+def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
+    """A headerless kernel as a declared one, named after its outputs."""
+    span = k.span
+    sparams = []
+    for name, dt, shape, is_list in params:
+        dims = None if shape is None else tuple(S.Number(d, str(d), span) if isinstance(d, int)
+                                                else S.Name(d, span) for d in shape)
+        span_of = _first_use(k, name) or span
+        sparams.append(S.Param(S.Name(name, span_of), S.TensorType(S.Name(dt.name, span), dims, is_list, span),
+                               None, span_of))
+    souts = tuple(S.Param(S.Name(o, span), None, None, span) for o in outputs)
+    name = S.Name("_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower(), span)
+    return S.Kernel(name, tuple(sparams), souts, k.body, span, headerless=True)
+
+
+def _first_use(k: S.Kernel, name: str) -> Span | None:
+    stack = [s.value for s in reversed(k.body)]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, S.Name) and e.id == name:
+            return e.span
+        if isinstance(e, S.Call):
+            stack.extend(reversed([*e.args, *(v for _, v in e.kwargs)]))
+        elif isinstance(e, S.BinOp):
+            stack.extend([e.right, e.left])
+        elif isinstance(e, S.Neg):
+            stack.append(e.operand)
+    return None
+
+
+def _check_schedules(module: S.Module) -> None:
+    names = {k.name.id for k in module.kernels}
+    seen = set()
+    for s in module.schedules:
+        if s.kernel.id not in names:
+            raise SpecError(f"schedule for unknown kernel '{s.kernel.id}'{did_you_mean(s.kernel.id, names)}",
+                            s.kernel.span)
+        if s.kernel.id in seen:
+            raise SpecError(f"kernel '{s.kernel.id}' has two schedule sections", s.kernel.span)
+        seen.add(s.kernel.id)
+        keys = set()
+        for c in s.choices:
+            if c.key.id in keys:
+                raise SpecError(f"'{c.key.id}' is set twice in this schedule", c.key.span)
+            keys.add(c.key.id)
+
+
+def _schedule_for(module: S.Module, name: str) -> dict[str, tuple]:
+    for s in module.schedules:
+        if s.kernel.id == name:
+            return {c.key.id: tuple(v.value if isinstance(v, S.Number) else v.id for v in c.values)
+                    for c in s.choices}
+    return {}
+
+
+def check_name(name: S.Name, what: str) -> None:
+    """Reject names that would shadow Python or the generated code's own names."""
+    if name.id in RESERVED or name.id in FUNCTIONS or name.id in HELPERS or _RESERVED_PATTERN.match(name.id):
+        raise SpecError(f"'{name.id}' cannot name a {what}: it is reserved in the generated Python; "
+                        f"choose another name", name.span)
+
+
+class _Checker:
+    def __init__(self, module: S.Module, strict: bool):
+        self.module = module
+        self.strict = strict
+        self.parent: dict[str, str] = {}     # union-find over symbols (strict=False only)
+        self.order: list[str] = []
+
+    # --- symbols ------------------------------------------------------------
+    def _find(self, d: str) -> str:
+        while self.parent.get(d, d) != d:
+            d = self.parent[d]
+        return d
+
+    def _unify(self, a: str, b: str) -> None:
+        ra, rb = self._find(a), self._find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def canonical_names(self, taken: set[str]) -> dict[str, str]:
+        """Symbol → readable name; one name per class of unified symbols."""
+        names: dict[str, str] = {}
+        rename = {}
+        pool = iter(n for n in ["M", "N", "K", "L", "P", "Q", "R", "S", "T", "U", "V", "W"] +
+                    [f"D{i}" for i in range(100)] if n not in taken)
+        for sym in self.order:
+            root = self._find(sym)
+            if root not in names:
+                names[root] = next(pool)
+            rename[sym] = names[root]
+        return rename
+
+    def _note(self, shape: Shape) -> None:
+        for d in shape:
+            if isinstance(d, str) and d not in self.order:
+                self.order.append(d)
+
+    # --- kernel ---------------------------------------------------------------
+    def kernel(self, k: S.Kernel, schedule: dict[str, tuple]) -> KernelIR:
+        check_name(k.name, "kernel")
+        env: dict[str, Node] = {}
+        params = []
+        for p in k.params:
+            check_name(p.name, "parameter")
+            if p.name.id in env:
+                raise SpecError(f"parameter '{p.name.id}' is declared twice", p.name.span)
+            param = self._param(p)
+            params.append(param)
+            op = Op.SCALAR if param.is_scalar else Op.INPUT
+            env[p.name.id] = Node(op, param.dtype, () if param.is_scalar else param.shape, (), p.name.id, p.span)
+            if not param.is_scalar:
+                self._note(param.shape)
+        nodes = dict(env)
+        dims = {d for p in params if p.shape for d in p.shape if isinstance(d, str)}
+        for name in [*(p.name for p in k.params), *(a.target for a in k.body), *(o.name for o in k.outputs)]:
+            if name.id in dims:
+                raise SpecError(f"'{name.id}' names both a dimension and a value; rename one", name.span)
+        stmts = []
+        for a in k.body:
+            check_name(a.target, "value")
+            if a.target.id in env:
+                what = "a parameter" if a.target.id in nodes else "already assigned"
+                raise SpecError(f"'{a.target.id}' is {what}; give each value its own name", a.target.span)
+            node = self.expr(a.value, env)
+            env[a.target.id] = node
+            source = _source(self.module.text, a.span)
+            stmts.append(Stmt(a.target.id, node, source, a.span))
+        by_name = {s.name: s for s in stmts}
+        outputs = []
+        for o in k.outputs:
+            check_name(o.name, "output")
+            if o.name.id not in by_name:
+                raise SpecError(f"output '{o.name.id}' is never assigned", o.name.span)
+            stmt = by_name[o.name.id]
+            if o.type is not None:
+                stmt = self._declared_output(o, stmt)
+            outputs.append(stmt)
+        if not outputs:
+            raise SpecError("the kernel has no outputs", k.span)
+        if len({o.name for o in outputs}) != len(outputs):
+            raise SpecError("an output is listed twice", k.span)
+        return KernelIR(k.name.id, tuple(params), tuple(stmts), tuple(outputs), schedule, nodes,
+                        k.headerless, self.module.path, self.module.text, k.span)
+
+    def _param(self, p: S.Param) -> Param:
+        t = p.type
+        dtype = _dtype(t.dtype)
+        shape = None
+        if t.shape is not None:
+            dims = []
+            for d in t.shape:
+                if isinstance(d, S.Number):
+                    dims.append(int(d.value))
+                else:
+                    if self.strict:
+                        check_name(d, "dimension")
+                    dims.append(d.id)
+            shape = tuple(dims)
+            if len(shape) > 4:
+                raise SpecError(f"tensors of rank {len(shape)} are not supported (at most 4)", t.span)
+        elif t.is_list:
+            raise SpecError("a list type needs a shape, such as [f16[M, K]]", t.span)
+        default = None
+        if p.default is not None:
+            if shape is not None:
+                raise SpecError("only scalar parameters can have a default", p.default.span)
+            default = p.default.value
+            if dtype.category < 2 and isinstance(default, float):
+                raise SpecError(f"default {p.default.text} is not a valid {dtype.name}", p.default.span)
+        return Param(p.name.id, dtype, shape, t.is_list, default, p.span)
+
+    def _declared_output(self, o: S.Param, stmt: Stmt) -> Stmt:
+        t = o.type
+        dtype = _dtype(t.dtype)
+        node = stmt.node
+        if t.shape is not None:
+            shape = tuple(int(d.value) if isinstance(d, S.Number) else d.id for d in t.shape)
+            if shape != node.shape:
+                raise SpecError(f"output '{o.name.id}' is declared {type_str(dtype, shape)} but the body "
+                                f"computes {type_str(node.dtype, node.shape)}", t.span)
+        if dtype is not node.dtype:
+            node = Node(Op.CAST, dtype, node.shape, (node,), dtype, node.span)
+        return Stmt(stmt.name, node, stmt.source, stmt.span)
+
+    # --- expressions ----------------------------------------------------------
+    def expr(self, e: S.Expr, env: dict[str, Node]) -> Node:
+        if isinstance(e, S.Number):
+            dtype = D.I32 if isinstance(e.value, int) else D.F32
+            return Node(Op.CONST, dtype, (), (), e.value, e.span)
+        if isinstance(e, S.Name):
+            if e.id not in env:
+                known = set(env) | set(FUNCTIONS)
+                raise SpecError(f"unknown name '{e.id}'{did_you_mean(e.id, env)}", e.span)
+            return env[e.id]
+        if isinstance(e, S.Neg):
+            x = self.expr(e.operand, env)
+            self._no_bool(x, "-", e.span)
+            return Node(Op.NEG, x.dtype, x.shape, (x,), None, e.span)
+        if isinstance(e, S.BinOp):
+            return self.binary(e, self.expr(e.left, env), self.expr(e.right, env))
+        return self.call(e, env)
+
+    def binary(self, e: S.BinOp, a: Node, b: Node) -> Node:
+        op = BINARY_OPS[e.op]
+        if op is Op.MATMUL:
+            return self.matmul(e, a, b)
+        shape = self.broadcast(a, b, e.span)
+        if op in _COMPARISONS:
+            return Node(op, D.BOOL, shape, (a, b), None, e.span)
+        self._no_bool(a, e.op, e.left.span)
+        self._no_bool(b, e.op, e.right.span)
+        dtype = _result_type(a, b)
+        if op is Op.DIV and not dtype.is_float:
+            dtype = D.F32
+        if op is Op.POW and not dtype.is_float:
+            raise SpecError("integer powers are not supported; cast the base with f32(...)", e.span)
+        return Node(op, dtype, shape, (a, b), None, e.span)
+
+    def matmul(self, e: S.BinOp, a: Node, b: Node) -> Node:
+        for x, side in ((a, e.left), (b, e.right)):
+            if len(x.shape) not in (2, 3):
+                raise SpecError(f"'@' needs 2-D or 3-D operands, got {type_str(x.dtype, x.shape)}", side.span)
+            if not x.dtype.is_float:
+                raise SpecError(f"'@' needs floating-point operands, got {type_str(x.dtype, x.shape)}", side.span)
+        if a.dtype is not b.dtype:
+            raise SpecError(f"'@' needs operands of one dtype, got {type_str(a.dtype, a.shape)} and "
+                            f"{type_str(b.dtype, b.shape)}; cast one of them", e.span)
+        k_a, k_b = a.shape[-1], b.shape[-2]
+        if not self._same_dim(k_a, k_b):
+            raise SpecError(f"inner dimensions differ: {type_str(a.dtype, a.shape)} @ {type_str(b.dtype, b.shape)} "
+                            f"({k_a} vs {k_b})", e.span)
+        batch = self._broadcast_shapes(a.shape[:-2], b.shape[:-2], a, b, e.span)
+        return Node(Op.MATMUL, a.dtype, batch + (a.shape[-2], b.shape[-1]), (a, b), None, e.span)
+
+    def call(self, e: S.Call, env: dict[str, Node]) -> Node:
+        name = e.func.id
+        fn = FUNCTIONS.get(name)
+        if fn is None:
+            raise SpecError(f"unknown function '{name}'{did_you_mean(name, FUNCTIONS)}", e.func.span)
+        bound = self._bind(fn, e)
+        if fn.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
+            return self.reduction(fn, e, bound, env)
+        operands = []
+        for pname in fn.params:
+            v = bound[pname]
+            if v is None:
+                continue
+            operands.append(self.expr(v, env) if not isinstance(v, (int, float))
+                            else Node(Op.CONST, D.I32 if isinstance(v, int) else D.F32, (), (), v, e.span))
+        shape = operands[0].shape
+        for other in operands[1:]:
+            shape = self._broadcast_shapes(shape, other.shape, operands[0], other, e.span)
+        x = operands[0]
+        arg = None
+        if fn.result == "cast":
+            dtype = D.BY_NAME[name]
+            arg = dtype
+        elif fn.result == "float":
+            self._no_bool(x, name, e.span)
+            dtype = x.dtype if x.dtype.is_float else D.F32
+        elif fn.result == "same":
+            self._no_bool(x, name, e.span)
+            dtype = x.dtype
+        else:  # promote over the value operands
+            values = operands[1:] if fn.op is Op.WHERE else operands
+            if fn.op is Op.WHERE and operands[0].dtype is not D.BOOL:
+                raise SpecError(f"where's condition must be bool (a comparison), got {operands[0].dtype}",
+                                bound["cond"].span)
+            for v in values:
+                self._no_bool(v, name, e.span)
+            dtype = _result_type(*values)
+        if fn.op is Op.CLAMP:
+            if bound["lo"] is None and bound["hi"] is None:
+                raise SpecError("clamp needs lo, hi or both", e.span)
+            arg = (bound["lo"] is not None, bound["hi"] is not None)
+        return Node(fn.op, dtype, shape, tuple(operands), arg, e.span)
+
+    def reduction(self, fn: Fn, e: S.Call, bound: dict, env) -> Node:
+        x = self.expr(bound["x"], env)
+        axis_expr = bound["axis"]
+        if isinstance(axis_expr, int):
+            axis, span = axis_expr, e.span
+        elif isinstance(axis_expr, S.Number) and isinstance(axis_expr.value, int):
+            axis, span = axis_expr.value, axis_expr.span
+        else:
+            raise SpecError("axis must be an integer literal", getattr(axis_expr, "span", e.span))
+        rank = len(x.shape)
+        if rank == 0:
+            raise SpecError(f"{e.func.id} needs a tensor with at least one axis, got {type_str(x.dtype, x.shape)}",
+                            bound["x"].span)
+        if not -rank <= axis < rank:
+            raise SpecError(f"axis {axis} is out of range for {type_str(x.dtype, x.shape)} (rank {rank})", span)
+        axis %= rank
+        if x.dtype is D.BOOL or (fn.op in (Op.SUM, Op.MEAN) and not x.dtype.is_float):
+            raise SpecError(f"{e.func.id} of {x.dtype} is not supported; cast with f32(...) first", e.span)
+        dtype = x.dtype
+        shape = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+        return Node(fn.op, dtype, shape, (x,), axis, e.span)
+
+    def _bind(self, fn: Fn, e: S.Call) -> dict:
+        name = e.func.id
+        if len(e.args) > len(fn.params):
+            hint = " (for the elementwise maximum use maximum(a, b))" if fn.op is Op.MAX else \
+                   " (for the elementwise minimum use minimum(a, b))" if fn.op is Op.MIN else ""
+            raise SpecError(f"{name} takes at most {len(fn.params)} arguments "
+                            f"({', '.join(fn.params)}), got {len(e.args)}{hint}", e.span)
+        bound = dict(zip(fn.params, e.args))
+        for key, value in e.kwargs:
+            if key.id not in fn.params:
+                raise SpecError(f"{name} has no argument '{key.id}'{did_you_mean(key.id, fn.params)}", key.span)
+            if key.id in bound:
+                raise SpecError(f"{name} got '{key.id}' twice", key.span)
+            bound[key.id] = value
+        defaults = dict(fn.defaults)
+        for p in fn.params:
+            if p not in bound:
+                if p not in defaults:
+                    raise SpecError(f"{name} needs '{p}' ({', '.join(fn.params)})", e.span)
+                bound[p] = defaults[p]
+        return bound
+
+    # --- shapes -----------------------------------------------------------------
+    def _same_dim(self, a: Dim, b: Dim) -> bool:
+        if a == b:
+            return True
+        if not self.strict and isinstance(a, str) and isinstance(b, str):
+            self._unify(a, b)
+            return True
+        return False
+
+    def broadcast(self, a: Node, b: Node, span: Span) -> Shape:
+        return self._broadcast_shapes(a.shape, b.shape, a, b, span)
+
+    def _broadcast_shapes(self, sa: Shape, sb: Shape, a: Node, b: Node, span: Span) -> Shape:
+        out = []
+        n = max(len(sa), len(sb))
+        pa, pb = (1,) * (n - len(sa)) + tuple(sa), (1,) * (n - len(sb)) + tuple(sb)
+        for da, db in zip(pa, pb):
+            if da == 1:
+                out.append(db)
+            elif db == 1 or self._same_dim(da, db):
+                out.append(da)
+            else:
+                raise SpecError(f"cannot broadcast {type_str(a.dtype, a.shape)} with {type_str(b.dtype, b.shape)}",
+                                span)
+        return tuple(out)
+
+    def _no_bool(self, x: Node, what: str, span: Span) -> None:
+        if x.dtype is D.BOOL:
+            raise SpecError(f"'{what}' does not take bool values; cast with f32(...) first", span)
+
+
+def _dtype(name: S.Name) -> DType:
+    if name.id not in D.BY_NAME:
+        raise SpecError(f"unknown dtype '{name.id}'{did_you_mean(name.id, D.BY_NAME)}", name.span)
+    return D.BY_NAME[name.id]
+
+
+def _result_type(*nodes: Node) -> DType:
+    """torch's promotion: tensors with dims beat 0-dim tensors, which beat Python numbers."""
+    def example(dtype: torch.dtype, rank: int):  # rank -1: a Python number
+        if rank < 0:
+            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+        return torch.empty((1,) * rank, dtype=dtype)
+
+    def rank_of(n: Node) -> int:
+        return -1 if n.is_weak else min(len(n.shape), 1)
+
+    dtype, rank = nodes[0].dtype.torch, rank_of(nodes[0])
+    for n in nodes[1:]:
+        dtype = torch.result_type(example(dtype, rank), example(n.dtype.torch, rank_of(n)))
+        rank = max(rank, rank_of(n))
+    if dtype in D.BY_TORCH:
+        return D.BY_TORCH[dtype]
+    return D.F32 if dtype.is_floating_point else D.I32
+
+
+def _source(text: str, span: Span) -> str:
+    """A statement's text on one line, comments dropped and whitespace collapsed: it is
+    echoed as a comment above the code it became, so it must never hold a line break."""
+    lines = text.split("\n")
+    if span.line == span.end_line:
+        parts = [lines[span.line - 1][span.col - 1:span.end_col - 1]]
+    else:
+        parts = ([lines[span.line - 1][span.col - 1:]] + lines[span.line:span.end_line - 1]
+                 + [lines[span.end_line - 1][:span.end_col - 1]])
+    return " ".join(" ".join(p.split("#", 1)[0] for p in parts).split())

@@ -1,0 +1,70 @@
+"""Source spans and the errors kgen raises.
+
+Every error a user can provoke is a ``KgenError``.  Errors about a spec carry a
+``Span`` and render as ``path:line:col: message`` followed by the source line and a
+caret under the offending columns; errors about a call name the argument, what was
+expected and what was given.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Span:
+    """A region of a spec: 1-based line and column, end exclusive."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    text: str = field(default="", compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+    def caret(self) -> str:
+        """The source line and a caret under this span (first line only)."""
+        lines = self.text.splitlines()
+        if not 1 <= self.line <= len(lines):
+            return ""
+        src = lines[self.line - 1].expandtabs(4)
+        end = self.end_col if self.end_line == self.line else len(src) + 1
+        width = max(1, end - self.col)
+        return f"    {src}\n    {' ' * (self.col - 1)}{'^' * width}"
+
+
+class KgenError(Exception):
+    """Any error kgen reports to a user: bad spec, bad call, unsupported pattern."""
+
+    def __init__(self, message: str, span: Span | None = None):
+        self.message = message
+        self.span = span
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if self.span is None:
+            return self.message
+        caret = self.span.caret()
+        head = f"{self.span}: {self.message}"
+        return f"{head}\n{caret}" if caret else head
+
+
+class SpecError(KgenError):
+    """The spec is malformed or ill-typed."""
+
+
+class UnsupportedError(SpecError):
+    """The spec is well-formed but outside the patterns kgen can generate."""
+
+
+class CallError(KgenError):
+    """A kernel was called with arguments that do not fit its signature."""
+
+
+def did_you_mean(name: str, candidates) -> str:
+    """`` (did you mean 'exp'?)`` when a close candidate exists, else ``''``."""
+    close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,139 @@
+"""The typed IR: one frozen node type and the kernel that holds the graph.
+
+A ``Node`` is an operation with its result's dtype and symbolic shape, its input
+nodes, one extra argument (a parameter's name, a constant, a reduction's axis, a
+cast's target) and the span of the spec text it came from.  Nodes compare by
+identity, so a node reached twice is one value computed once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .dtypes import DType
+from .errors import Span
+
+Dim = int | str          # a size: a literal or a symbol such as "M"
+Shape = tuple[Dim, ...]
+
+
+class Op(Enum):
+    INPUT = "input"        # arg: parameter name
+    SCALAR = "scalar"      # a runtime scalar parameter; arg: its name
+    CONST = "const"        # arg: int | float
+    # pointwise, one operand
+    NEG = "neg"; ABS = "abs"; EXP = "exp"; EXP2 = "exp2"; LOG = "log"; LOG2 = "log2"
+    SQRT = "sqrt"; RSQRT = "rsqrt"; SIN = "sin"; COS = "cos"; TANH = "tanh"
+    SIGMOID = "sigmoid"; RELU = "relu"; GELU = "gelu"; GELU_TANH = "gelu_tanh"
+    SILU = "silu"; SOFTPLUS = "softplus"
+    CAST = "cast"          # arg: target DType
+    # pointwise, several operands
+    ADD = "add"; SUB = "sub"; MUL = "mul"; DIV = "div"; POW = "pow"
+    MAXIMUM = "maximum"; MINIMUM = "minimum"; LEAKY_RELU = "leaky_relu"
+    LT = "lt"; LE = "le"; GT = "gt"; GE = "ge"; EQ = "eq"; NE = "ne"
+    WHERE = "where"; CLAMP = "clamp"  # clamp: arg = (has_lo, has_hi)
+    # reductions; arg: the reduced axis (non-negative), kept with size 1
+    SUM = "sum"; MAX = "max"; MIN = "min"; MEAN = "mean"
+    MATMUL = "matmul"
+
+
+LEAVES = frozenset({Op.INPUT, Op.SCALAR, Op.CONST})
+REDUCTIONS = frozenset({Op.SUM, Op.MAX, Op.MIN, Op.MEAN})
+POINTWISE = frozenset(Op) - LEAVES - REDUCTIONS - {Op.MATMUL}
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    op: Op
+    dtype: DType
+    shape: Shape
+    inputs: tuple[Node, ...] = ()
+    arg: object = None
+    span: Span | None = None
+
+    @property
+    def is_weak(self) -> bool:
+        """A Python-number-like value (literal or scalar parameter, or math on them):
+        it takes part in dtype promotion as torch's Python scalars do."""
+        if self.op in (Op.CONST, Op.SCALAR):
+            return True
+        return self.op is not Op.INPUT and self.shape == () and all(i.is_weak for i in self.inputs)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    dtype: DType
+    shape: Shape | None      # None for a scalar parameter
+    is_list: bool = False
+    default: int | float | None = None
+    span: Span | None = None
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.shape is None
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """One spec statement: ``name = <source>`` became ``node``."""
+
+    name: str
+    node: Node
+    source: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    name: str
+    params: tuple[Param, ...]
+    stmts: tuple[Stmt, ...]
+    outputs: tuple[Stmt, ...]       # statements whose values are returned, in order
+    schedule: dict[str, tuple]      # key -> candidates, from the spec's schedule section
+    nodes: dict[str, Node]          # parameter name -> its INPUT/SCALAR node
+    headerless: bool
+    path: str
+    text: str
+    span: Span | None = None
+
+
+def type_str(dtype: DType, shape: Shape | None) -> str:
+    """``f16[M, N]`` (or ``f32`` for a scalar)."""
+    if shape is None:
+        return dtype.name
+    return f"{dtype.name}[{', '.join(str(d) for d in shape)}]"
+
+
+def topo_order(roots) -> list[Node]:
+    """Nodes reachable from ``roots``, each after its inputs (iterative, no recursion limit)."""
+    order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((i, False) for i in reversed(node.inputs) if id(i) not in seen)
+    return order
+
+
+def format_ir(kir: KernelIR) -> str:
+    """A readable dump for ``kgen show --emit ir``."""
+    params = ", ".join(f"{p.name}: {'[' if p.is_list else ''}{type_str(p.dtype, p.shape)}"
+                       f"{']' if p.is_list else ''}" for p in kir.params)
+    outs = ", ".join(f"{o.name}: {type_str(o.node.dtype, o.node.shape)}" for o in kir.outputs)
+    lines = [f"kernel {kir.name}({params}) -> {outs}"]
+    ids: dict[int, str] = {}
+    for node in topo_order(o.node for o in kir.outputs):
+        ids[id(node)] = f"%{len(ids)}"
+        operands = " ".join(ids[id(i)] for i in node.inputs)
+        arg = "" if node.arg is None else f" {node.arg}"
+        lines.append(f"  {ids[id(node)]} = {node.op.value}{arg} {operands}".rstrip()
+                     + f" : {type_str(node.dtype, node.shape)}")
+    for o in kir.outputs:
+        lines.append(f"  return {o.name} = {ids[id(o.node)]}")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""IR → Triton expressions: the table from op to format, and the statement lines
+that every pattern's kernel body is made of.
+
+A format's ``{0}``, ``{1}``... are its operands; each operand is printed with
+parentheses when its own precedence is below what its slot needs.  Activations
+that read their operand more than once are small ``@triton.jit`` helpers (their
+source is in ``templates/macros.jinja``), so an operand is never computed twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import dtypes as D
+from .ir import KernelIR, Node, Op, topo_order
+
+ATOM, CALL, UNARY, MUL, ADD, CMP = 100, 90, 30, 20, 10, 5
+
+# op: (format, precedence of the result, precedence each operand slot needs)
+TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
+    Op.ADD: ("{0} + {1}", ADD, (ADD, ADD + 1)),
+    Op.SUB: ("{0} - {1}", ADD, (ADD, ADD + 1)),
+    Op.MUL: ("{0} * {1}", MUL, (MUL, MUL + 1)),
+    Op.DIV: ("{0} / {1}", MUL, (MUL, MUL + 1)),
+    Op.NEG: ("-{0}", UNARY, (UNARY,)),
+    Op.LT: ("{0} < {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.LE: ("{0} <= {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.GT: ("{0} > {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.GE: ("{0} >= {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.EQ: ("{0} == {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.NE: ("{0} != {1}", CMP, (CMP + 1, CMP + 1)),
+    Op.EXP: ("tl.exp({0})", CALL, (0,)),
+    Op.EXP2: ("tl.exp2({0})", CALL, (0,)),
+    Op.LOG: ("tl.log({0})", CALL, (0,)),
+    Op.LOG2: ("tl.log2({0})", CALL, (0,)),
+    Op.SQRT: ("tl.sqrt({0})", CALL, (0,)),
+    Op.RSQRT: ("tl.rsqrt({0})", CALL, (0,)),
+    Op.ABS: ("tl.abs({0})", CALL, (0,)),
+    Op.SIN: ("tl.sin({0})", CALL, (0,)),
+    Op.COS: ("tl.cos({0})", CALL, (0,)),
+    Op.SIGMOID: ("tl.sigmoid({0})", CALL, (0,)),
+    # NaN-propagating, as torch.relu / maximum / minimum / clamp are
+    Op.RELU: ("tl.maximum({0}, 0, propagate_nan=tl.PropagateNan.ALL)", CALL, (0,)),
+    Op.MAXIMUM: ("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
+    Op.MINIMUM: ("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
+    Op.WHERE: ("tl.where({0}, {1}, {2})", CALL, (0, 0, 0)),
+    Op.TANH: ("tanh({0})", CALL, (0,)),
+    Op.GELU: ("gelu({0})", CALL, (0,)),
+    Op.GELU_TANH: ("gelu_tanh({0})", CALL, (0,)),
+    Op.SILU: ("silu({0})", CALL, (0,)),
+    Op.SOFTPLUS: ("softplus({0})", CALL, (0,)),
+    Op.LEAKY_RELU: ("leaky_relu({0}, {1})", CALL, (0, 0)),
+    Op.POW: ("powf({0}, {1})", CALL, (0, 0)),
+}
+
+# Helpers each op needs, in the order the module defines them (a helper before its users).
+HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf")
+_NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
+          Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
+          Op.POW: ("powf",)}
+
+# A cast rounds to its target and, for 16-bit floats, computes on in f32.
+CASTS = {
+    D.F16: ("{0}.to(tl.float16).to(tl.float32)", CALL, (ATOM,)),
+    D.BF16: ("{0}.to(tl.bfloat16).to(tl.float32)", CALL, (ATOM,)),
+    D.F32: ("{0}.to(tl.float32)", CALL, (ATOM,)),
+    D.I32: ("{0}.to(tl.int32)", CALL, (ATOM,)),
+    D.BOOL: ("{0} != 0", CMP, (CMP + 1,)),
+}
+
+# Small integer powers are products: exact, and what torch computes for them.
+_SMALL_POWERS = {2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}"}
+
+
+def helpers_for(nodes) -> tuple[str, ...]:
+    needed = {h for n in nodes for h in _NEEDS.get(n.op, ())}
+    return tuple(h for h in HELPERS if h in needed)
+
+
+def literal(value: int | float) -> str:
+    """A constant re-printed from its parsed value, never from spec text."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a numeric literal: {value!r}")
+    return repr(int(value)) if isinstance(value, int) else repr(float(value))
+
+
+@dataclass(frozen=True)
+class Line:
+    """One statement of a kernel body: the spec line as a comment, then its code."""
+
+    comment: str
+    code: tuple[str, ...]
+
+
+class Printer:
+    """Prints nodes as Triton expressions; named nodes print as their variable."""
+
+    def __init__(self, names: dict[int, str]):
+        self.names = dict(names)
+
+    def expr(self, node: Node) -> tuple[str, int]:
+        if id(node) in self.names:
+            return self.names[id(node)], ATOM
+        if node.op is Op.CONST:
+            text = literal(node.arg)
+            return text, UNARY if text.startswith("-") else ATOM
+        if node.op is Op.CAST:
+            fmt, prec, slots = CASTS[node.arg]
+            if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32:
+                return self.expr(node.inputs[0])  # f32(x) of an f32 value
+        elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
+            base, base_prec = self.expr(node.inputs[0])
+            if base_prec == ATOM:
+                return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
+            fmt, prec, slots = TRITON_OPS[Op.POW]
+        elif node.op is Op.CLAMP:
+            return self._clamp(node)
+        elif node.op in TRITON_OPS:
+            fmt, prec, slots = TRITON_OPS[node.op]
+        else:
+            raise KeyError(f"{node.op.value} has no elementwise form")
+        args = []
+        for operand, need in zip(node.inputs, slots):
+            text, p = self.expr(operand)
+            args.append(f"({text})" if p < need else text)
+        return fmt.format(*args), prec
+
+    def _clamp(self, node: Node) -> tuple[str, int]:
+        has_lo, has_hi = node.arg
+        operands = iter(node.inputs[1:])
+        text, _ = self.expr(node.inputs[0])
+        if has_lo:
+            text = f"tl.maximum({text}, {self.expr(next(operands))[0]}, propagate_nan=tl.PropagateNan.ALL)"
+        if has_hi:
+            text = f"tl.minimum({text}, {self.expr(next(operands))[0]}, propagate_nan=tl.PropagateNan.ALL)"
+        return text, CALL
+
+
+def statement_lines(kir: KernelIR, roots, names: dict[int, str]) -> list[Line]:
+    """The body's statements that ``roots`` need, as lines of Triton.
+
+    ``names`` maps already-available nodes (loaded inputs, scalars) to variables;
+    nodes the pattern computes itself (a reduction, a dot) must already be named.  Each statement becomes ``name = expression`` under its
+    spec line as a comment.
+    """
+    needed = {id(n) for n in topo_order(roots)}
+    printer = Printer(names)
+    lines = []
+    for stmt in kir.stmts:
+        if id(stmt.node) not in needed or id(stmt.node) in printer.names:
+            if id(stmt.node) in needed and printer.names[id(stmt.node)] != stmt.name:
+                lines.append(Line(stmt.source, (f"{stmt.name} = {printer.names[id(stmt.node)]}",)))
+                printer.names[id(stmt.node)] = stmt.name
+            continue
+        text, _ = printer.expr(stmt.node)
+        lines.append(Line(stmt.source, (f"{stmt.name} = {text}",)))
+        printer.names[id(stmt.node)] = stmt.name
+    names.update(printer.names)
+    return lines

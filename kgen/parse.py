@@ -1,0 +1,246 @@
+"""Text → syntax tree, with Lark (LALR, positions kept).
+
+``parse`` takes a ``.k`` module (``kernel`` definitions and ``schedule`` sections)
+or the headerless form (bare statements), and always returns a ``Module``.
+Syntax errors become ``SpecError`` with the line, column and a caret.
+"""
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from . import syntax as S
+from .errors import Span, SpecError
+
+_HEADER = re.compile(r"\A(\s|#[^\n]*)*(kernel|schedule)\b")
+_OPENERS, _CLOSERS = {"LPAR", "LSQB"}, {"RPAR", "RSQB"}
+
+# What a user calls each terminal in an "expected ..." message.
+_TOKEN_NAMES = {
+    "NAME": "a name", "NUMBER": "a number", "INT": "an integer", "_SEP": "a newline or ';'",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
+    "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "MINUS": "'-'",
+    "PLUS": "'+'", "__ANON_0": "'->'", "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '@'",
+    "COMPARE": "a comparison", "DOUBLESTAR": "'**'", "KERNEL": "'kernel'",
+    "SCHEDULE": "'schedule'", "$END": "the end of the input",
+}
+
+
+class _DropNewlinesInBrackets:
+    """Post-lexer: a newline inside () or [] continues the line (';' still ends it)."""
+
+    always_accept = ("_SEP",)
+
+    def process(self, stream):
+        depth = 0
+        for tok in stream:
+            if tok.type in _OPENERS:
+                depth += 1
+            elif tok.type in _CLOSERS:
+                depth = max(0, depth - 1)
+            elif tok.type == "_SEP" and depth and ";" not in tok:
+                continue
+            yield tok
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = (Path(__file__).parent / "grammar.lark").read_text()
+    return Lark(grammar, parser="lalr", start=["module", "body"], propagate_positions=True,
+                maybe_placeholders=True, postlex=_DropNewlinesInBrackets())
+
+
+def parse(text: str, path: str = "<string>") -> S.Module:
+    """Parse a spec; headerless text becomes a module with one kernel."""
+    start = "module" if _HEADER.match(text) else "body"
+    try:
+        tree = _parser().parse(text + "\n", start=start)
+    except lark.exceptions.UnexpectedInput as e:
+        raise _syntax_error(e, text, path) from None
+    except lark.exceptions.VisitError as e:  # raised inside the builder below
+        if isinstance(e.orig_exc, SpecError):
+            raise e.orig_exc from None
+        raise
+    try:
+        built = _Builder(text, path).transform(tree)
+    except lark.exceptions.VisitError as e:
+        if isinstance(e.orig_exc, SpecError):
+            raise e.orig_exc from None
+        raise
+    if start == "module":
+        return built
+    body = built
+    span = Span(path, 1, 1, 1, 1, text)
+    name = S.Name("kernel", span)
+    return S.Module((S.Kernel(name, (), (), body, span, headerless=True),), (), path, text)
+
+
+def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
+    line, col = max(1, e.line), max(1, e.column)
+    lines = text.splitlines() or [""]
+    at_end = getattr(e, "token", None) is not None and e.token.type == "$END"
+    if line > len(lines) or at_end:  # point just past the last character
+        line, col = len(lines), len(lines[-1]) + 1
+    if isinstance(e, lark.exceptions.UnexpectedCharacters):
+        what = f"unexpected character {text[e.pos_in_stream]!r}" if e.pos_in_stream < len(text) \
+            else "unexpected end of input"
+        width = 1
+    else:
+        tok = getattr(e, "token", None)
+        if tok is None or tok.type == "$END" or (tok.type == "_SEP" and "\n" in tok and ";" not in tok):
+            what = "unexpected end of line" if tok is not None and tok.type == "_SEP" else "unexpected end of input"
+            width = 1
+        else:
+            what = f"unexpected {str(tok)!r}"
+            width = max(1, len(str(tok)))
+    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower())) for t in (e.expected or ()) if t != "_SEP"} if hasattr(e, "expected") and e.expected else set())
+    if expected and len(expected) <= 6:
+        what += "; expected " + ", ".join(expected)
+    return SpecError(what, Span(path, line, col, line, col + width, text))
+
+
+def _span(meta, path: str, text: str) -> Span:
+    return Span(path, meta.line, meta.column, meta.end_line, meta.end_column, text)
+
+
+def _tok_span(tok: Token, path: str, text: str) -> Span:
+    return Span(path, tok.line, tok.column, tok.end_line, tok.end_column, text)
+
+
+@v_args(meta=True)
+class _Builder(Transformer):
+    """Lark tree → ``kgen.syntax`` dataclasses."""
+
+    def __init__(self, text: str, path: str):
+        super().__init__()
+        self.text, self.path = text, path
+
+    def _s(self, meta) -> Span:
+        return _span(meta, self.path, self.text)
+
+    def _name(self, tok: Token) -> S.Name:
+        return S.Name(str(tok), _tok_span(tok, self.path, self.text))
+
+    def _number(self, tok: Token, negative: bool = False) -> S.Number:
+        span = _tok_span(tok, self.path, self.text)
+        raw = str(tok)
+        is_int = raw.isdigit()
+        value = int(raw) if is_int else float(raw)
+        if is_int and value >= 2**31:
+            value = float(raw)
+            is_int = False
+        if not is_int and math.isinf(value):
+            raise SpecError(f"number {raw} is too large for a float", span)
+        if negative:
+            value = -value
+        return S.Number(value, ("-" if negative else "") + raw, span)
+
+    # --- module structure ---------------------------------------------------
+    def module(self, meta, items):
+        kernels = tuple(i for i in items if isinstance(i, S.Kernel))
+        schedules = tuple(i for i in items if isinstance(i, S.Schedule))
+        return S.Module(kernels, schedules, self.path, self.text)
+
+    def empty_module(self, meta, items):
+        return S.Module((), (), self.path, self.text)
+
+    def kernel(self, meta, items):
+        name, params, outputs, body = items
+        return S.Kernel(self._name(name), tuple(params or ()), outputs, body, self._s(meta))
+
+    def params(self, meta, items):
+        return tuple(items)
+
+    def param(self, meta, items):
+        name, type_, default = items
+        return S.Param(self._name(name), type_, default, self._s(meta))
+
+    def outputs(self, meta, items):
+        return tuple(items)
+
+    def output(self, meta, items):
+        name, type_ = items
+        return S.Param(self._name(name), type_, None, self._s(meta))
+
+    def tensor_type(self, meta, items):
+        dtype, shape = items
+        return S.TensorType(self._name(dtype), shape, False, self._s(meta))
+
+    def list_type(self, meta, items):
+        dtype, shape = items
+        return S.TensorType(self._name(dtype), shape, True, self._s(meta))
+
+    def shape(self, meta, items):
+        return tuple(d for d in items if d is not None)
+
+    def dim(self, meta, items):
+        (tok,) = items
+        return self._number(tok) if tok.type == "INT" else self._name(tok)
+
+    def signed_number(self, meta, items):
+        return self._number(items[-1], negative=len(items) == 2)
+
+    def schedule(self, meta, items):
+        name, *choices = items
+        return S.Schedule(self._name(name), tuple(c for c in choices if c is not None), self._s(meta))
+
+    def choice(self, meta, items):
+        key, *values = items
+        parsed = tuple(self._number(v) if v.type == "INT" else self._name(v) for v in values)
+        is_list = self.text[meta.start_pos:meta.end_pos].split("=", 1)[1].lstrip().startswith("[")
+        return S.Choice(self._name(key), parsed, is_list, self._s(meta))
+
+    # --- statements and expressions -------------------------------------------
+    def body(self, meta, items):
+        return tuple(i for i in items if i is not None)
+
+    def stmt(self, meta, items):
+        target, value = items
+        return S.Assign(self._name(target), value, self._s(meta))
+
+    def number(self, meta, items):
+        return self._number(items[0])
+
+    def name(self, meta, items):
+        return self._name(items[0])
+
+    def call(self, meta, items):
+        func, *rest = items
+        args = tuple(a for a in rest if a is not None and not isinstance(a, tuple))
+        kwargs = tuple(a for a in rest if isinstance(a, tuple))
+        seen_kw = False
+        for a in rest:
+            if isinstance(a, tuple):
+                seen_kw = True
+            elif a is not None and seen_kw:
+                raise SpecError("positional argument after a keyword argument", a.span)
+        return S.Call(self._name(func), args, kwargs, self._s(meta))
+
+    def keyword(self, meta, items):
+        key, value = items
+        return (self._name(key), value)
+
+    def binary(self, meta, items):
+        left, op, right = items
+        return S.BinOp(str(op), left, right, self._s(meta))
+
+    def compare(self, meta, items):
+        return self.binary(meta, items)
+
+    def pow(self, meta, items):
+        left, right = items
+        return S.BinOp("**", left, right, self._s(meta))
+
+    def neg(self, meta, items):
+        (operand,) = items
+        if isinstance(operand, S.Number):
+            return S.Number(-operand.value, "-" + operand.text, self._s(meta))
+        return S.Neg(operand, self._s(meta))
+
+    def unary(self, meta, items):  # unary plus
+        return items[0]

@@ -1,0 +1,184 @@
+"""Elementwise: any pointwise DAG, one fused pass over the output's elements.
+
+Two addressings in one kernel, picked per call: a flat one when every operand
+is contiguous and of the output's shape (the fast path: offsets are the element
+index), and a strided N-D one otherwise, which turns the element index into
+coordinates and dots them with each operand's strides, so transposed, sliced and
+broadcast (expanded) operands need no copy.  Offsets are int64 when an operand
+spans 2**31 elements or more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SpecError, UnsupportedError
+from ..ir import KernelIR, Op, POINTWISE, LEAVES, topo_order
+from ..lower import Line, helpers_for, statement_lines
+from .host import Host, host
+
+# Block size by element count, measured on an H100 (see README: Performance).
+DEFAULT_BLOCKS = ((1 << 22, 1024, 4), (None, 2048, 8))   # (below n_elements, BLOCK_SIZE, num_warps)
+SCHEDULE_KEYS = ("BLOCK_SIZE", "num_warps")
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    strides: tuple[tuple[int, int], ...]   # (output axis, operand axis) for each axis it varies along
+    full: bool                             # has the output's shape: can take the flat path
+    load: str                              # "" or ".to(tl.float32)"
+    store: str                             # "" or ".to(tl.float16)" (outputs)
+    scalar: bool                           # varies along no axis: one load, no offsets
+
+    @property
+    def strided_offsets(self) -> str:
+        return " + ".join(f"idx{out_axis} * {self.name}_stride{axis}" for out_axis, axis in self.strides)
+
+
+@dataclass(frozen=True)
+class ElementwisePlan:
+    name: str
+    host: Host
+    inputs: tuple[Operand, ...]
+    scalars: tuple[str, ...]
+    outputs: tuple[Operand, ...]
+    sizes: tuple[str, ...]                 # host expressions for the output's dims
+    body: tuple[Line, ...]
+    helpers: tuple[str, ...]
+    flat: bool                             # the flat path exists (every operand can be full)
+    blocks: tuple[tuple[int | None, int, int], ...]
+    autotune: tuple[tuple[int, int], ...]  # (BLOCK_SIZE, num_warps) candidates, or ()
+    pattern: str = "elementwise"
+    template: str = "elementwise.jinja"
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        return self.inputs + self.outputs
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def coordinates(self) -> tuple[str, ...]:
+        return coordinates(self.rank)
+
+    @property
+    def kernel_params(self) -> tuple[str, ...]:
+        """Runtime arguments after the pointers and scalars: sizes, then strides."""
+        sizes = ("n_elements",) + tuple(f"size{axis}" for axis in range(1, self.rank))
+        strides = tuple(f"{op.name}_stride{axis}" for op in self.operands for _, axis in op.strides)
+        return sizes + strides
+
+    @property
+    def pointers(self) -> tuple[str, ...]:
+        """The kernel's leading arguments: input pointers, scalars, output pointers."""
+        return (tuple(f"{op.name}_ptr" for op in self.inputs) + self.scalars
+                + tuple(f"{op.name}_ptr" for op in self.outputs))
+
+    @property
+    def launch_args(self) -> tuple[str, ...]:
+        """Host expressions for ``pointers`` and ``kernel_params``, in the same order."""
+        sizes = ("n_elements",) + self.sizes[1:]
+        strides = tuple(f"{op.name}.stride({axis})" for op in self.operands for _, axis in op.strides)
+        return tuple(p.removesuffix("_ptr") for p in self.pointers) + sizes + strides
+
+    @property
+    def block_choice(self) -> str:
+        """``BLOCK_SIZE, num_warps = ...`` by element count."""
+        *small, (_, block, warps) = self.blocks
+        text = f"({block}, {warps})"
+        for limit, b, w in reversed(small):
+            text = f"({b}, {w}) if n_elements < {limit} else {text}"
+        return f"BLOCK_SIZE, num_warps = {text}"
+
+    @property
+    def contiguous_test(self) -> str:
+        if not self.flat:
+            return "False"
+        return " and ".join(f"{op.name}.is_contiguous()" for op in self.operands if not op.scalar) or "True"
+
+
+def match(kir: KernelIR) -> ElementwisePlan | None:
+    nodes = topo_order(o.node for o in kir.outputs)
+    if any(n.op not in POINTWISE and n.op not in LEAVES for n in nodes):
+        return None
+    shape = kir.outputs[0].node.shape
+    for o in kir.outputs[1:]:
+        if o.node.shape != shape:
+            raise UnsupportedError(f"the outputs of an elementwise kernel must share one shape: "
+                                   f"{kir.outputs[0].name} has {list(shape)}, {o.name} has {list(o.node.shape)}",
+                                   o.span)
+    if any(p.is_list for p in kir.params):
+        return None
+    rank = len(shape)
+    used = {id(n) for n in nodes}
+    inputs, scalars, names = [], [], {}
+    for p in kir.params:
+        node = kir.nodes[p.name]
+        if id(node) not in used:
+            continue
+        names[id(node)] = p.name
+        if p.is_scalar:
+            scalars.append(p.name)
+        else:
+            inputs.append(_operand(p.name, p.shape, shape, load=_load_cast(p.dtype)))
+    computed = {s.name: s.node for s in kir.stmts}
+    outputs = tuple(_operand(o.name, shape, shape, store=_store_cast(computed[o.name].dtype, o.node.dtype))
+                    for o in kir.outputs)
+    body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
+    blocks, autotune = _schedule(kir)
+    return ElementwisePlan(
+        name=kir.name, host=host(kir), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
+        sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes),
+        flat=rank > 0 and all(op.full for op in inputs), blocks=blocks, autotune=autotune)
+
+
+def _operand(name, shape, out_shape, load="", store="") -> Operand:
+    offset = len(out_shape) - len(shape)
+    strides = tuple((offset + axis, axis) for axis, d in enumerate(shape) if d != 1)
+    return Operand(name, strides, tuple(shape) == tuple(out_shape), load, store, scalar=not strides)
+
+
+def _load_cast(dtype) -> str:
+    return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
+
+
+def _store_cast(computed, stored) -> str:
+    """Values are computed in ``computed.compute`` (f32 for 16-bit floats): round on store."""
+    return f".to({stored.triton})" if computed.compute is not stored else ""
+
+
+def _schedule(kir: KernelIR):
+    unknown = set(kir.schedule) - set(SCHEDULE_KEYS)
+    if unknown:
+        key = sorted(unknown)[0]
+        raise SpecError(f"elementwise kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{key}'",
+                        kir.span)
+    block = kir.schedule.get("BLOCK_SIZE")
+    warps = kir.schedule.get("num_warps")
+    for key, values in kir.schedule.items():
+        for v in values:
+            if not isinstance(v, int) or v <= 0 or v & (v - 1):
+                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+    if block is None and warps is None:
+        return DEFAULT_BLOCKS, ()
+    block = block or (1024,)
+    warps = warps or (4,)
+    if len(block) == 1 and len(warps) == 1:
+        return ((None, block[0], warps[0]),), ()
+    return DEFAULT_BLOCKS, tuple((b, w) for b in block for w in warps)
+
+
+def coordinates(rank: int) -> tuple[str, ...]:
+    """Lines that split the element index ``offs`` into coordinates of the output."""
+    if rank <= 1:
+        return ("idx0 = offs",) if rank else ()
+    lines, rest = [], "offs"
+    for axis in range(rank - 1, 0, -1):
+        lines.append(f"idx{axis} = {rest} % size{axis}")
+        nxt = "rem" if axis > 1 else "idx0"
+        lines.append(f"{nxt} = {rest} // size{axis}")
+        rest = "rem"
+    return tuple(lines)
+

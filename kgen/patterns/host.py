@@ -1,0 +1,69 @@
+"""The host side every pattern shares: the generated function's signature, the
+checks that turn a bad call into a clear error before any launch, the binding of
+symbolic dims to sizes, and the outputs' allocation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dtypes import DType
+from ..ir import KernelIR, Param, Shape, type_str
+from ..lower import literal
+
+
+@dataclass(frozen=True)
+class Host:
+    signature: str               # "X, B, alpha=0.01, *, out=None"
+    checks: tuple[str, ...]      # lines that validate arguments and bind dims
+    outputs: tuple[str, ...]     # output variable names
+    allocate: str                # "(Y,) = _outputs(out, device, ...)"
+    returns: str                 # "Y" or "(Y, Z)"
+    docstring: str
+
+
+def torch_dtype(dtype: DType) -> str:
+    return f"torch.{str(dtype.torch).removeprefix('torch.')}"
+
+
+def shape_expr(shape: Shape) -> str:
+    """A host expression for a symbolic shape: ``(M, N)``; dims are host locals."""
+    dims = [str(d) for d in shape]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def host(kir: KernelIR) -> Host:
+    sig = []
+    for p in kir.params:
+        sig.append(p.name if p.default is None else f"{p.name}={literal(p.default)}")
+    sig.append("*")
+    sig.append("out=None")
+    checks: list[str] = []
+    bound: dict[str, str] = {}      # symbol -> name of the tensor it was read from
+    tensors = [p for p in kir.params if not p.is_scalar]
+    for p in tensors:
+        checks.append(f'_check_tensor("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, "{type_str(p.dtype, p.shape)}")')
+        for axis, d in enumerate(p.shape):
+            if isinstance(d, str) and d not in bound:
+                checks.append(f"{d} = {p.name}.shape[{axis}]")
+                bound[d] = p.name
+            else:
+                where = f'"{bound[d]}"' if isinstance(d, str) else "None"
+                checks.append(f'_check_dim("{p.name}", {p.name}, {axis}, {d}, "{d}", {where})')
+    for p in kir.params:
+        if p.is_scalar:
+            kind = "float" if p.dtype.is_float else "int"
+            checks.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {kind})')
+    devices = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
+    checks.append(f"device = _device({devices})")
+    outs = tuple(o.name for o in kir.outputs)
+    specs = ", ".join(f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, '
+                      f'{torch_dtype(o.node.dtype)})' for o in kir.outputs)
+    allocate = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs(out, device, {specs})"
+    returns = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
+    doc = (f"{', '.join(_param_str(p) for p in kir.params)} -> "
+           f"{', '.join(f'{o.name}: {type_str(o.node.dtype, o.node.shape)}' for o in kir.outputs)}")
+    return Host(", ".join(sig), tuple(checks), outs, allocate, returns, doc)
+
+
+def _param_str(p: Param) -> str:
+    t = type_str(p.dtype, p.shape)
+    return f"{p.name}: [{t}]" if p.is_list else f"{p.name}: {t}"

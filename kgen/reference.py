@@ -1,0 +1,104 @@
+"""The IR evaluated with torch ops: the oracle for tests and ``kgen run``.
+
+``exact=True`` computes every floating value in float64 (rounding only where the
+spec casts); ``exact=False`` computes in the spec's own dtypes, as a user writing
+the same math in eager PyTorch would: that is the baseline ``kgen bench`` times,
+eagerly and under ``torch.compile``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .ir import KernelIR, Node, Op, topo_order
+
+
+def _leaky_relu(x, alpha):
+    return torch.where(x >= 0, x, x * alpha)
+
+
+def _clamp(node: Node):
+    has_lo, has_hi = node.arg
+
+    def clamp(x, *bounds):
+        it = iter(bounds)
+        lo = next(it) if has_lo else None
+        hi = next(it) if has_hi else None
+        return torch.clamp(x, _as_tensor(lo, x), _as_tensor(hi, x))
+    return clamp
+
+
+def _as_tensor(v, like):
+    if v is None or isinstance(v, torch.Tensor):
+        return v
+    return torch.tensor(v, dtype=like.dtype if like.is_floating_point() else torch.float64, device=like.device)
+
+
+def _binary_tensor(fn):
+    """torch.maximum and friends want tensors on both sides."""
+    def apply(a, b):
+        if not isinstance(a, torch.Tensor):
+            a = _as_tensor(a, b)
+        if not isinstance(b, torch.Tensor):
+            b = _as_tensor(b, a)
+        return fn(a, b)
+    return apply
+
+
+REFERENCE_OPS = {
+    Op.NEG: torch.neg, Op.ABS: torch.abs, Op.EXP: torch.exp, Op.EXP2: torch.exp2,
+    Op.LOG: torch.log, Op.LOG2: torch.log2, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
+    Op.SIN: torch.sin, Op.COS: torch.cos, Op.TANH: torch.tanh, Op.SIGMOID: torch.sigmoid,
+    Op.RELU: torch.relu, Op.GELU: F.gelu, Op.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    Op.SILU: F.silu, Op.SOFTPLUS: F.softplus,
+    Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.true_divide,
+    Op.POW: torch.pow, Op.MAXIMUM: _binary_tensor(torch.maximum), Op.MINIMUM: _binary_tensor(torch.minimum),
+    Op.LEAKY_RELU: _leaky_relu,
+    Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.EQ: torch.eq, Op.NE: torch.ne,
+    Op.WHERE: torch.where,
+    Op.SUM: lambda x, axis: x.sum(axis, keepdim=True),
+    Op.MAX: lambda x, axis: x.amax(axis, keepdim=True),
+    Op.MIN: lambda x, axis: x.amin(axis, keepdim=True),
+    Op.MEAN: lambda x, axis: x.mean(axis, keepdim=True),
+    Op.MATMUL: torch.matmul,
+}
+
+
+def evaluate(kir: KernelIR, args: dict, exact: bool = True) -> tuple:
+    """Outputs of ``kir`` for ``args`` (parameter name → tensor or number), in order."""
+    values: dict[int, object] = {}
+    for node in topo_order(o.node for o in kir.outputs):
+        values[id(node)] = _eval(node, [values[id(i)] for i in node.inputs], args, exact)
+    return tuple(values[id(o.node)] for o in kir.outputs)
+
+
+def _eval(node: Node, operands: list, args: dict, exact: bool):
+    if node.op is Op.INPUT:
+        x = args[node.arg]
+        return _widen(x) if exact else x
+    if node.op is Op.SCALAR:
+        return args[node.arg]
+    if node.op is Op.CONST:
+        return node.arg
+    if node.op is Op.CAST:
+        (x,) = operands
+        x = x.to(node.dtype.torch) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=node.dtype.torch)
+        return _widen(x) if exact else x
+    if exact and node.dtype.is_float:
+        operands = [_widen(o, ints_too=True) for o in operands]
+    if node.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
+        result = REFERENCE_OPS[node.op](operands[0], node.arg)
+    elif node.op is Op.CLAMP:
+        result = _clamp(node)(*operands)
+    else:
+        result = REFERENCE_OPS[node.op](*operands)
+    if not exact and isinstance(result, torch.Tensor) and result.dtype != node.dtype.torch:
+        result = result.to(node.dtype.torch)
+    return result
+
+
+def _widen(x, ints_too: bool = False):
+    """float64 for floating tensors (and integer ones when the result is floating)."""
+    if isinstance(x, torch.Tensor) and (x.is_floating_point() or (ints_too and x.dtype != torch.bool)):
+        return x.to(torch.float64)
+    return x

@@ -1,0 +1,61 @@
+"""Plans → Python source, through the Jinja templates in ``templates/``.
+
+Templates only print: they receive finished plans (StrictUndefined catches a
+missing field), and the output is deterministic byte for byte.
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+
+
+def _template_dir() -> Path:
+    here = Path(__file__).parent
+    for candidate in (here / "templates", here.parent / "templates"):  # installed, source tree
+        if (candidate / "module.jinja").is_file():
+            return candidate
+    raise FileNotFoundError("kgen's templates/ folder is missing from the installation")
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              trim_blocks=False, lstrip_blocks=False, autoescape=False)
+
+
+def comment_safe(text: str) -> str:
+    """Text for a ``#`` comment: printable ASCII only, so it can never end the line."""
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in text)
+
+
+def spec_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def render(plans, path: str, text: str) -> str:
+    helpers = []
+    for plan in plans:
+        helpers += [h for h in plan.helpers if h not in helpers]
+    from .lower import HELPERS
+    helpers.sort(key=HELPERS.index)
+    source = environment().get_template("module.jinja").render(
+        version=__version__, path=comment_safe(path), sha=spec_hash(text), plans=plans, helpers=helpers)
+    return _tidy(source)
+
+
+def _tidy(source: str) -> str:
+    """Whitespace policy in one place: no trailing spaces, at most two blank lines, one final newline."""
+    out, blank = [], 0
+    for line in source.splitlines():
+        line = line.rstrip()
+        blank = blank + 1 if not line else 0
+        if blank <= 2:
+            out.append(line)
+    return "\n".join(out).strip("\n") + "\n"

@@ -1,0 +1,253 @@
+"""Load generated modules and call them: the module cache, the ``Kernel`` object,
+headerless specialization and the interpreter fallback.
+
+Generated source is written to ``$KGEN_CACHE_DIR`` (default ``~/.cache/kgen``)
+under its content hash and imported with importlib (``triton.jit`` reads kernel
+source from files).  A ``Kernel`` call goes straight to the generated host
+function; errors it raises about arguments come back as ``CallError``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from . import dtypes as D
+from .check import Arg, headerless_inputs
+from .errors import CallError, KgenError, SpecError
+from .parse import parse
+from .pipeline import Generated, generate
+
+_modules: dict[str, object] = {}
+_lock = threading.Lock()
+_announced = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen")
+
+
+def use_interpreter_if_no_gpu() -> bool:
+    """Without a CUDA device, run kernels on Triton's interpreter (said once, on stderr)."""
+    global _announced
+    if torch.cuda.is_available():
+        return False
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        os.environ["TRITON_INTERPRET"] = "1"
+    if not _announced:
+        _announced = True
+        print("kgen: no CUDA device; kernels run on Triton's interpreter (TRITON_INTERPRET=1)", file=sys.stderr)
+    return True
+
+
+def load(source: str):
+    """Import generated source through the on-disk cache; one module per content hash."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    with _lock:
+        if digest in _modules:
+            return _modules[digest]
+        use_interpreter_if_no_gpu()
+        directory = cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"kgen_{digest[:24]}.py"
+        try:
+            intact = path.read_text() == source
+        except (OSError, UnicodeDecodeError):
+            intact = False
+        if not intact:
+            write_atomic(path, source)
+        name = f"kgen_generated_{digest[:24]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _modules[digest] = module
+        return module
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write by temp file and rename: readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Kernel:
+    """A compiled spec kernel.  Call it with tensors (positionally, in order of first
+    appearance, or by name) and ``out=`` optionally; ``.source`` is the Triton it runs."""
+
+    def __init__(self, generated: Generated, index: int):
+        plan, kir = generated.plans[index], generated.kernels[index]
+        self.name = kir.name
+        self.ir = kir
+        self.pattern = plan.pattern
+        self.source = generated.source
+        self.module = load(generated.source)
+        self.inputs = tuple(p.name for p in kir.params)
+        self.outputs = tuple(o.name for o in kir.outputs)
+        self._host = getattr(self.module, kir.name)
+        self._argument_error = self.module.ArgumentError
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self._host(*args, **kwargs)
+        except self._argument_error as e:
+            raise CallError(f"{self.name}: {e}") from None
+        except TypeError as e:
+            if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
+                raise CallError(f"{self.name}({', '.join(self.inputs)}): {e}") from None
+            raise
+
+    def __repr__(self) -> str:
+        return f"<kgen.Kernel {self.name}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.pattern}>"
+
+
+class HeaderlessKernel:
+    """A kernel from bare statements: types come from each call.  Each combination of
+    input dtypes, ranks and size-1 axes is generated once; sizes stay runtime values."""
+
+    def __init__(self, text: str, path: str):
+        self.text, self.path = text, path
+        module = parse(text, path)
+        self._syntax = module.kernels[0]
+        self.inputs, self.outputs = headerless_inputs(self._syntax)
+        self._kernels: dict[tuple, Kernel] = {}
+        self._last: Kernel | None = None
+
+    def __call__(self, *args, out=None, **kwargs):
+        if kwargs:
+            args = self._bind(args, kwargs)
+        if len(args) != len(self.inputs):
+            raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
+        key = tuple((a.dtype, tuple(s == 1 for s in a.shape)) if isinstance(a, torch.Tensor) else type(a)
+                    for a in args)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._specialize(key, args)
+        self._last = kernel
+        return kernel(*args, out=out)
+
+    def _bind(self, args, kwargs):
+        bound = list(args) + [None] * (len(self.inputs) - len(args))
+        for name, value in kwargs.items():
+            if name not in self.inputs:
+                raise CallError(f"unknown input '{name}'; the inputs are {', '.join(self.inputs)}")
+            i = self.inputs.index(name)
+            if i < len(args):
+                raise CallError(f"input '{name}' given twice")
+            bound[i] = value
+        missing = [n for n, v in zip(self.inputs, bound) if v is None]
+        if missing:
+            raise CallError(f"missing input(s): {', '.join(missing)}")
+        return tuple(bound)
+
+    def _specialize(self, key, args) -> Kernel:
+        types = []
+        for name, k, a in zip(self.inputs, key, args):
+            if isinstance(k, tuple):
+                if k[0] not in D.BY_TORCH:
+                    raise CallError(f"{name}: dtype {k[0]} is not supported "
+                                    f"(use {', '.join(d.name for d in D.BY_NAME.values())})")
+                if len(k[1]) > 4:
+                    raise CallError(f"{name}: tensors of rank {len(k[1])} are not supported (at most 4)")
+                types.append(Arg(D.BY_TORCH[k[0]], k[1]))
+            elif k in (int, float):
+                types.append(Arg(D.F32 if k is float else D.I32, None))
+            else:
+                raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
+        generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
+        kernel = Kernel(generated, 0)
+        self._kernels[key] = kernel
+        return kernel
+
+    def _example(self) -> Kernel:
+        """Before any call: the kernel for f32 inputs of rank 2 (or 1, or 3)."""
+        errors = []
+        for rank in (2, 1, 3):
+            key = tuple((torch.float32, (False,) * rank) for _ in self.inputs)
+            try:
+                return self._kernels.get(key) or self._specialize(key, [None] * len(self.inputs))
+            except KgenError as e:
+                errors.append(e)
+        raise errors[0]
+
+    @property
+    def source(self) -> str:
+        """The Triton source of the last call's kernel (or of an f32 example before any call)."""
+        return (self._last or self._example()).source
+
+    @property
+    def pattern(self) -> str:
+        return (self._last or self._example()).pattern
+
+    def __repr__(self) -> str:
+        return f"<kgen.Kernel ({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.text!r}>"
+
+
+class Kernels(dict):
+    """The kernels of a spec file with several, by name (``ks.softmax`` or ``ks["softmax"]``)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
+    """(text, path) for a spec given as a path or as text."""
+    if isinstance(text_or_path, os.PathLike) or (isinstance(text_or_path, str) and "\n" not in text_or_path
+                                                 and ";" not in text_or_path and "=" not in text_or_path):
+        path = Path(text_or_path)
+        try:
+            return path.read_text(encoding="utf-8"), display_path(path)
+        except FileNotFoundError:
+            raise KgenError(f"{path}: no such spec file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise KgenError(f"{path}: cannot read the spec ({e})") from None
+    return str(text_or_path), "<string>"
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working directory where possible, with forward slashes."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def compile(text_or_path):  # noqa: A001 - the public name
+    """Compile a spec (text or a path to a ``.k`` file) into a callable kernel."""
+    text, path = read_spec(text_or_path)
+    module = parse(text, path)
+    if len(module.kernels) == 1 and module.kernels[0].headerless:
+        return HeaderlessKernel(text, path)
+    if not module.kernels:
+        raise SpecError("the spec defines no kernel", None)
+    generated = generate(text, path)
+    kernels = [Kernel(generated, i) for i in range(len(generated.plans))]
+    return kernels[0] if len(kernels) == 1 else Kernels((k.name, k) for k in kernels)
+
+
+def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+    """Generate ``<out_dir>/<stem>.py`` (default ``generated/``) from a ``.k`` file, atomically."""
+    text, shown = read_spec(Path(path))
+    generated = generate(text, shown)
+    target = Path(out_dir or "generated") / (Path(path).stem + ".py")
+    write_atomic(target, generated.source)
+    return target
