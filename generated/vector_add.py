@@ -21,11 +21,11 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
 
 
-def _check_dim(name, value, axis, expected, dim, source):
-    if value.shape[axis] != expected:
-        origin = f" (from {source})" if source else ""
-        raise ArgumentError(f"{name}: dim {axis} must be {dim} = {expected}{origin}, "
-                            f"got shape {tuple(value.shape)}")
+def _check_shape(name, value, expected, declared, source):
+    if any(want is not None and got != want for got, want in zip(value.shape, expected)):
+        sizes = ", ".join("?" if want is None else str(want) for want in expected)
+        origin = f" (sizes from {source})" if source else ""
+        raise ArgumentError(f"{name}: expected {declared} = [{sizes}]{origin}, got shape {tuple(value.shape)}")
 
 
 def _check_scalar(name, value, kind):
@@ -68,7 +68,10 @@ def _needs_int64(*tensors):
 @triton.jit
 def vector_add_kernel(
     x_ptr, y_ptr, z_ptr,
-    n_elements, x_stride0, y_stride0, z_stride0,
+    n_elements,
+    x_stride0,
+    y_stride0,
+    z_stride0,
     BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, INT64: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -96,9 +99,9 @@ def vector_add_kernel(
 def vector_add(x, y, *, out=None):
     """x: f32[N], y: f32[N] -> z: f32[N]"""
     _check_tensor("x", x, torch.float32, 1, "f32[N]")
-    N = x.shape[0]
+    N, = x.shape
     _check_tensor("y", y, torch.float32, 1, "f32[N]")
-    _check_dim("y", y, 0, N, "N", "x")
+    _check_shape("y", y, (N,), "f32[N]", "x")
     device = _device(("x", x), ("y", y))
     z, = _outputs(out, device, ("z", (N,), torch.float32))
     n_elements = z.numel()
@@ -106,10 +109,14 @@ def vector_add(x, y, *, out=None):
         return z
     contiguous = x.is_contiguous() and y.is_contiguous() and z.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, y, z)
-    BLOCK_SIZE, num_warps = (1024, 4) if n_elements < 4194304 else (2048, 8)
+    BLOCK_SIZE, num_warps = 1024, 4
     grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
     vector_add_kernel[grid](
-        x, y, z, n_elements, x.stride(0), y.stride(0), z.stride(0),
+        x, y, z,
+        n_elements,
+        x.stride(0),
+        y.stride(0),
+        z.stride(0),
         BLOCK_SIZE=BLOCK_SIZE, CONTIGUOUS=contiguous, INT64=int64, num_warps=num_warps,
     )
     return z

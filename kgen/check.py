@@ -35,11 +35,13 @@ class Arg:
 # (modules, the launch machinery) must never be shadowed by a spec's.
 RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist", ()))
             | frozenset(dir(builtins))
-            | {"tl", "triton", "torch", "math", "pid", "offs", "mask", "grid", "out", "n_elements",
-               "kernel", "meta", "self", "cls", "inf", "nan"})
+            | {"tl", "triton", "torch", "math", "os", "sys", "pid", "offs", "mask", "grid", "out", "n_elements",
+               "kernel", "meta", "self", "cls", "inf", "nan",
+               # the host function's locals and the module's own names
+               "device", "contiguous", "int64", "num_warps", "num_stages", "ArgumentError"})
 # Generated code derives names from a spec's (X_ptr, X_stride0) and has its own
 # constexprs (BLOCK_SIZE) and locals (idx0, size1): a spec's names stay clear of both.
-_RESERVED_PATTERN = re.compile(r"_|.*_(ptr|offs|stride\d*|size\d*|mask)$|(BLOCK|NUM|GROUP|USE|INT64)(_|$)"
+_RESERVED_PATTERN = re.compile(r"_|.*_(ptr|offs|stride\d*|size\d*|mask|kernel)$|(BLOCK|NUM|GROUP|USE|INT64)(_|$)"
                                r"|(idx|size|stride|rem|acc|row|col)\d*$")
 
 
@@ -162,7 +164,10 @@ def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
         sparams.append(S.Param(S.Name(name, span_of), S.TensorType(S.Name(dt.name, span), dims, is_list, span),
                                None, span_of))
     souts = tuple(S.Param(S.Name(o, span), None, None, span) for o in outputs)
-    name = S.Name("_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower(), span)
+    name = "_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower()
+    if is_reserved(name) or name in {p[0] for p in params}:   # TL = ..., Exp = ..., Y = y + 1
+        name = "kernel_" + name
+    name = S.Name(name, span)
     return S.Kernel(name, tuple(sparams), souts, k.body, span, headerless=True)
 
 
@@ -206,9 +211,13 @@ def _schedule_for(module: S.Module, name: str) -> dict[str, tuple]:
     return {}
 
 
+def is_reserved(name: str) -> bool:
+    return name in RESERVED or name in FUNCTIONS or name in HELPERS or bool(_RESERVED_PATTERN.match(name))
+
+
 def check_name(name: S.Name, what: str) -> None:
     """Reject names that would shadow Python or the generated code's own names."""
-    if name.id in RESERVED or name.id in FUNCTIONS or name.id in HELPERS or _RESERVED_PATTERN.match(name.id):
+    if is_reserved(name.id):
         raise SpecError(f"'{name.id}' cannot name a {what}: it is reserved in the generated Python; "
                         f"choose another name", name.span)
 

@@ -67,6 +67,21 @@ CASTS = {
     D.BOOL: ("{0} != 0", CMP, (CMP + 1,)),
 }
 
+# A weak value (a literal, a scalar argument, or math on them) may be a Python number
+# in the kernel, which has no ``.to``: ``tl.cast`` takes numbers and tensors alike.
+WEAK_CASTS = {
+    D.F16: ("tl.cast({0}, tl.float16).to(tl.float32)", CALL, (0,)),
+    D.BF16: ("tl.cast({0}, tl.bfloat16).to(tl.float32)", CALL, (0,)),
+    D.F32: ("tl.cast({0}, tl.float32)", CALL, (0,)),
+    D.I32: ("tl.cast({0}, tl.int32)", CALL, (0,)),
+    D.BOOL: CASTS[D.BOOL],
+}
+
+# Ops whose Triton functions take floating operands only: an integer operand is
+# converted to f32 first, as torch does for exp(int tensor).
+FLOAT_OPERANDS = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TANH,
+                            Op.SIGMOID, Op.GELU, Op.GELU_TANH, Op.SILU, Op.SOFTPLUS, Op.POW})
+
 # Small integer powers are products: exact, and what torch computes for them.
 _SMALL_POWERS = {2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}"}
 
@@ -104,7 +119,7 @@ class Printer:
             text = literal(node.arg)
             return text, UNARY if text.startswith("-") else ATOM
         if node.op is Op.CAST:
-            fmt, prec, slots = CASTS[node.arg]
+            fmt, prec, slots = (WEAK_CASTS if node.inputs[0].is_weak else CASTS)[node.arg]
             if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32:
                 return self.expr(node.inputs[0])  # f32(x) of an f32 value
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
@@ -121,8 +136,18 @@ class Printer:
         args = []
         for operand, need in zip(node.inputs, slots):
             text, p = self.expr(operand)
+            if node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
+                text, p = self._to_f32(operand, text, p)
             args.append(f"({text})" if p < need else text)
         return fmt.format(*args), prec
+
+    @staticmethod
+    def _to_f32(operand: Node, text: str, prec: int) -> tuple[str, int]:
+        if operand.op is Op.CONST:
+            return literal(float(operand.arg)), ATOM
+        if operand.is_weak:
+            return WEAK_CASTS[D.F32][0].format(text), CALL
+        return CASTS[D.F32][0].format(text if prec >= ATOM else f"({text})"), CALL
 
     def _clamp(self, node: Node) -> tuple[str, int]:
         has_lo, has_hi = node.arg

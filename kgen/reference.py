@@ -84,6 +84,11 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
         (x,) = operands
         x = x.to(node.dtype.torch) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=node.dtype.torch)
         return _widen(x) if exact else x
+    if not any(isinstance(o, torch.Tensor) for o in operands):
+        # math on numbers alone (exp(1.0), 1 / 0, maximum(1, 2)): as 0-dim tensors, so that
+        # torch's functions take them and the result is torch's, never Python's
+        operands = [torch.tensor(o, dtype=torch.float64 if exact and i.dtype.is_float else i.dtype.torch)
+                    for o, i in zip(operands, node.inputs)]
     if exact and node.dtype.is_float:
         operands = [_widen(o, ints_too=True) for o in operands]
     if node.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):

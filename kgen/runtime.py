@@ -233,7 +233,11 @@ def display_path(path: Path) -> str:
 
 def compile(text_or_path):  # noqa: A001 - the public name
     """Compile a spec (text or a path to a ``.k`` file) into a callable kernel."""
-    text, path = read_spec(text_or_path)
+    return compile_text(*read_spec(text_or_path))
+
+
+def compile_text(text: str, path: str):
+    """``compile`` for spec text whose path (for messages) is known."""
     module = parse(text, path)
     if len(module.kernels) == 1 and module.kernels[0].headerless:
         return HeaderlessKernel(text, path)

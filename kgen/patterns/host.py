@@ -40,14 +40,23 @@ def host(kir: KernelIR) -> Host:
     bound: dict[str, str] = {}      # symbol -> name of the tensor it was read from
     tensors = [p for p in kir.params if not p.is_scalar]
     for p in tensors:
-        checks.append(f'_check_tensor("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, "{type_str(p.dtype, p.shape)}")')
+        declared = type_str(p.dtype, p.shape)
+        checks.append(f'_check_tensor("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, "{declared}")')
+        binding: dict[int, str] = {}          # axis -> a symbol this tensor is first to give
         for axis, d in enumerate(p.shape):
-            if isinstance(d, str) and d not in bound:
-                checks.append(f"{d} = {p.name}.shape[{axis}]")
-                bound[d] = p.name
-            else:
-                where = f'"{bound[d]}"' if isinstance(d, str) else "None"
-                checks.append(f'_check_dim("{p.name}", {p.name}, {axis}, {d}, "{d}", {where})')
+            if isinstance(d, str) and d not in bound and d not in binding.values():
+                binding[axis] = d
+        if len(binding) == len(p.shape):
+            checks.append(f"{', '.join(p.shape)}{',' if len(p.shape) == 1 else ''} = {p.name}.shape")
+        else:
+            checks.extend(f"{d} = {p.name}.shape[{axis}]" for axis, d in binding.items())
+        bound.update({d: p.name for d in binding.values()})
+        expected = [None if axis in binding else d for axis, d in enumerate(p.shape)]
+        if any(e is not None for e in expected):
+            sources = ", ".join(sorted({bound[d] for d in expected if isinstance(d, str)}))
+            sizes = ", ".join(str(e) for e in expected)
+            sizes = f"({sizes},)" if len(expected) == 1 else f"({sizes})"
+            checks.append(f'_check_shape("{p.name}", {p.name}, {sizes}, "{declared}", "{sources}")')
     for p in kir.params:
         if p.is_scalar:
             kind = "float" if p.dtype.is_float else "int"

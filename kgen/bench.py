@@ -1,0 +1,328 @@
+"""``kgen run`` and ``kgen bench``.
+
+``run`` builds a spec, runs it on random data (GPU, or Triton's interpreter) and
+compares every output with the float64 reference.  ``bench`` times the kernel with
+``triton.testing.do_bench`` against the same math in eager PyTorch and under
+``torch.compile`` (both built from the reference evaluator, in the same run), over a
+size sweep chosen by the kernel's pattern, and reports time, GB/s or TFLOP/s and the
+ratio to each baseline.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import dtypes as D
+from .errors import KgenError
+from .ir import KernelIR, Op, topo_order
+from .reference import evaluate
+
+# Sweeps by pattern: each point maps symbols to sizes ("rows" and "cols" are
+# resolved against the spec's own dims by ``sizes_for``).
+SWEEPS = {
+    "elementwise": [{"numel": 2**20}, {"numel": 2**24}, {"numel": 2**28}],
+    "row_reduce": [{"rows": 4096, "cols": n} for n in (256, 1024, 4096, 16384)]
+                  + [{"rows": 1024, "cols": n} for n in (65536, 262144)],
+    "gemm": [{"square": n} for n in (512, 1024, 2048, 4096, 8192)],
+}
+
+
+@dataclass
+class Row:
+    kernel: str
+    point: str
+    dtype: str
+    kgen_us: float
+    eager_us: float | None
+    compile_us: float | None
+    unit: str            # GB/s or TFLOP/s
+    kgen_rate: float
+    eager_rate: float | None
+    compile_rate: float | None
+
+    @property
+    def vs_eager(self) -> float | None:
+        return self.eager_us / self.kgen_us if self.eager_us else None
+
+    @property
+    def vs_compile(self) -> float | None:
+        return self.compile_us / self.kgen_us if self.compile_us else None
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    sizes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        try:
+            sizes[name.strip()] = int(eval_size(value))
+        except ValueError:
+            raise KgenError(f"--shape: expected NAME=SIZE such as M=64 or N=2**20, got {part!r}") from None
+    return sizes
+
+
+def eval_size(text: str) -> int:
+    """``4096`` or ``2**20``: sizes are integers or powers, nothing else."""
+    text = text.strip()
+    if "**" in text:
+        base, _, exp = text.partition("**")
+        return int(base) ** int(exp)
+    return int(text)
+
+
+def symbols(kir: KernelIR) -> list[str]:
+    seen = []
+    for p in kir.params:
+        for d in p.shape or ():
+            if isinstance(d, str) and d not in seen:
+                seen.append(d)
+    return seen
+
+
+def sizes_for(kir: KernelIR, point: dict) -> dict[str, int]:
+    """Concrete sizes for a sweep point (or an explicit NAME=SIZE mapping)."""
+    syms = symbols(kir)
+    if not any(k in point for k in ("numel", "rows", "square")):
+        missing = [s for s in syms if s not in point]
+        return {**{s: 64 for s in missing}, **point}
+    out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
+    if "square" in point:
+        return {s: point["square"] for s in syms}
+    if "rows" in point:
+        cols = out_shape[-1] if out_shape else syms[-1]
+        return {s: point["cols"] if s == cols else (point["rows"] if s == syms[0] else 1) for s in syms}
+    n = point["numel"]
+    if len(out_shape) <= 1:
+        return {s: n if s in out_shape or not out_shape else 1 for s in syms}
+    last = out_shape[-1]
+    return {s: 4096 if s == last else (n // 4096 if s == out_shape[0] else 1) for s in syms}
+
+
+def make_inputs(kir: KernelIR, sizes: dict[str, int], device, dtype: D.DType | None, seed: int = 0) -> dict:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    args = {}
+    for p in kir.params:
+        if p.is_scalar:
+            args[p.name] = p.default if p.default is not None else (0.5 if p.dtype.is_float else 3)
+            continue
+        shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.shape)
+        want = dtype if dtype is not None and p.dtype.is_float else p.dtype
+        if want.is_float:
+            t = torch.randn(shape, generator=gen, dtype=torch.float32)
+        elif want is D.BOOL:
+            t = torch.rand(shape, generator=gen) > 0.5
+        else:
+            t = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int32)
+        args[p.name] = t.to(device=device, dtype=want.torch)
+    return args
+
+
+def retyped(text: str, dtype: D.DType | None) -> str:
+    """The spec with every floating dtype replaced by ``dtype`` (for --dtype)."""
+    if dtype is None:
+        return text
+    import re
+    return re.sub(r"\b(f16|bf16|f32)\b(?=\s*[\[)\],{=]|\s*$)", dtype.name, text, flags=re.M)
+
+
+def _dtype_arg(name: str | None) -> D.DType | None:
+    if name is None:
+        return None
+    if name not in D.BY_NAME or not D.BY_NAME[name].is_float:
+        raise KgenError(f"--dtype: expected f16, bf16 or f32, got {name!r}")
+    return D.BY_NAME[name]
+
+
+def _single_kernel(path: Path, dtype: D.DType | None):
+    from .runtime import Kernel, Kernels, compile_text, read_spec
+    text, shown = read_spec(path)
+    compiled = compile_text(retyped(text, dtype), shown)
+    if isinstance(compiled, Kernels):
+        return list(compiled.values())
+    if not isinstance(compiled, Kernel):
+        raise KgenError(f"{shown}: run and bench need a spec with a kernel header (types and shapes)")
+    return [compiled]
+
+
+def _outputs_tuple(result):
+    return result if isinstance(result, (tuple, list)) else (result,)
+
+
+def run_once(args) -> int:
+    """``kgen run``: random inputs, the kernel, the reference, the max error."""
+    from .runtime import use_interpreter_if_no_gpu
+    dtype = _dtype_arg(args.dtype)
+    interpreted = use_interpreter_if_no_gpu()
+    device = "cpu" if interpreted else "cuda"
+    worst = 0.0
+    for kernel in _single_kernel(args.path, dtype):
+        sizes = sizes_for(kernel.ir, parse_shape(args.shape))
+        inputs = make_inputs(kernel.ir, sizes, device, None, args.seed)
+        ordered = [inputs[n] for n in kernel.inputs]
+        start = time.perf_counter()
+        got = _outputs_tuple(kernel(*ordered))
+        if not interpreted:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        want = evaluate(kernel.ir, inputs)
+        shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
+              f" with {shape_text or 'scalars'}:")
+        for name, g, w in zip(kernel.outputs, got, want):
+            err = (g.double() - w.double()).abs()
+            finite = torch.isfinite(w.double()) if isinstance(w, torch.Tensor) else True
+            max_err = err[finite].max().item() if err.numel() and bool(torch.as_tensor(finite).any()) else 0.0
+            worst = max(worst, max_err)
+            print(f"  {name}: {g.dtype} {tuple(g.shape)}  max abs error {max_err:.3g}")
+        if interpreted:
+            print(f"  time: {elapsed * 1e3:.1f} ms (first call, interpreter)")
+        else:
+            from triton.testing import do_bench
+            ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
+            print(f"  time: {ms * 1e3:.1f} us")
+    return 0
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _flops(kir: KernelIR, inputs: dict) -> int:
+    total = 0
+    for node in topo_order(o.node for o in kir.outputs):
+        if node.op is Op.MATMUL:
+            a, b = node.inputs
+            m_k = [_concrete(d, inputs, kir) for d in a.shape]
+            n = _concrete(b.shape[-1], inputs, kir)
+            batch = math.prod(_concrete(d, inputs, kir) for d in node.shape[:-2])
+            total += 2 * batch * m_k[-2] * m_k[-1] * n
+    return total
+
+
+def _concrete(d, inputs, kir: KernelIR) -> int:
+    if isinstance(d, int):
+        return d
+    for p in kir.params:
+        if p.shape and d in p.shape:
+            return inputs[p.name].shape[p.shape.index(d)]
+    raise KeyError(d)
+
+
+def bench(args) -> int:
+    if not torch.cuda.is_available():
+        raise KgenError("kgen bench needs a CUDA GPU (use kgen run to check results on the interpreter)")
+    from triton.testing import do_bench
+    dtype = _dtype_arg(args.dtype)
+    kernels = _single_kernel(args.path, dtype)
+    rows: list[Row] = []
+    time_it = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
+    for kernel in kernels:
+        points = [parse_shape(s) for s in args.shape] or SWEEPS.get(kernel.pattern, [{}])
+        eager = _baseline(kernel.ir)
+        compiled = None if args.no_compile else _compiled(eager)
+        for point in points:
+            sizes = sizes_for(kernel.ir, point)
+            inputs = make_inputs(kernel.ir, sizes, "cuda", None)
+            ordered = [inputs[n] for n in kernel.inputs]
+            outs = _outputs_tuple(kernel(*ordered))
+            flops = _flops(kernel.ir, inputs)
+            moved = _bytes(inputs.values()) + _bytes(outs)
+            t_kgen = time_it(lambda: kernel(*ordered))
+            t_eager = time_it(lambda: eager(*ordered))
+            t_comp = None
+            if compiled is not None:
+                try:
+                    compiled(*ordered)
+                    t_comp = time_it(lambda: compiled(*ordered))
+                except Exception as e:  # a baseline that fails to compile is reported, not fatal
+                    print(f"  torch.compile failed: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+            unit, work = ("TFLOP/s", flops / 1e12) if flops else ("GB/s", moved / 1e9)
+            rate = lambda us: work / (us * 1e-6) if us else None  # noqa: E731
+            label = ",".join(f"{k}={v}" for k, v in sizes.items())
+            rows.append(Row(kernel.name, label, str(kernel.ir.params[0].dtype) if kernel.ir.params else "",
+                            t_kgen, t_eager, t_comp, unit, rate(t_kgen), rate(t_eager), rate(t_comp)))
+            _print_row(rows[-1])
+            del inputs, ordered, outs
+            torch.cuda.empty_cache()
+        dispatch = _dispatch_cost(kernel)
+        if dispatch:
+            print(f"  dispatch on 1-element inputs: Kernel {dispatch[0]:.2f} us, host function {dispatch[1]:.2f} us, "
+                  f"ratio {dispatch[0] / dispatch[1]:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps([{**asdict(r), "vs_eager": r.vs_eager, "vs_compile": r.vs_compile}
+                                         for r in rows], indent=1))
+    if args.plot:
+        _plot(rows, args.plot)
+    return 0
+
+
+def _baseline(kir: KernelIR):
+    names = [p.name for p in kir.params]
+
+    def eager(*values):
+        return evaluate(kir, dict(zip(names, values)), exact=False)
+    return eager
+
+
+def _compiled(fn):
+    try:
+        return torch.compile(fn)
+    except Exception as e:
+        print(f"torch.compile unavailable: {e}", file=sys.stderr)
+        return None
+
+
+def _dispatch_cost(kernel) -> tuple[float, float] | None:
+    """CPU cost per call of ``Kernel.__call__`` and of the generated host function."""
+    ir = kernel.ir
+    inputs = make_inputs(ir, {s: 1 for s in symbols(ir)}, "cuda", None)
+    ordered = [inputs[n] for n in kernel.inputs]
+    host = getattr(kernel.module, ir.name)
+
+    def per_call(fn, calls=2000):
+        best = math.inf
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*ordered)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        return best
+    per_call(host, 200)
+    return per_call(kernel), per_call(host)
+
+
+def _fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def _print_row(r: Row) -> None:
+    print(f"{r.kernel:>20} {r.point:>28} {r.dtype:>5}  kgen {r.kgen_us:9.1f} us {_fmt(r.kgen_rate):>8} {r.unit}"
+          f" | eager {_fmt(r.eager_rate):>8} (x{_fmt(r.vs_eager, '.2f')})"
+          f" | compile {_fmt(r.compile_rate):>8} (x{_fmt(r.vs_compile, '.2f')})", flush=True)
+
+
+def _plot(rows: list[Row], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KgenError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.2), 4))
+    x = range(len(rows))
+    for offset, (label, key) in enumerate((("kgen", "kgen_rate"), ("torch eager", "eager_rate"),
+                                            ("torch.compile", "compile_rate"))):
+        ax.bar([i + (offset - 1) * 0.27 for i in x], [getattr(r, key) or 0 for r in rows], width=0.27, label=label)
+    ax.set_xticks(list(x), [f"{r.kernel}\n{r.point}" for r in rows], fontsize=7)
+    ax.set_ylabel(rows[0].unit if rows else "")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
