@@ -38,7 +38,8 @@ RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist",
             | {"tl", "triton", "torch", "math", "os", "sys", "pid", "offs", "mask", "grid", "out", "n_elements",
                "kernel", "meta", "self", "cls", "inf", "nan",
                # the host function's locals and the module's own names
-               "device", "contiguous", "int64", "num_warps", "num_stages", "ArgumentError"})
+               "device", "contiguous", "int64", "num_warps", "num_stages", "ArgumentError",
+               "n_rows", "n_cols"})
 # Generated code derives names from a spec's (X_ptr, X_stride0) and has its own
 # constexprs (BLOCK_SIZE) and locals (idx0, size1): a spec's names stay clear of both.
 _RESERVED_PATTERN = re.compile(r"_|.*_(ptr|offs|stride\d*|size\d*|mask|kernel)$|(BLOCK|NUM|GROUP|USE|INT64)(_|$)"
@@ -145,7 +146,12 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
     for i, (name, a) in enumerate(zip(inputs, args)):
         shape = None if a.ones is None else tuple(1 if one else f"_{i}_{ax}" for ax, one in enumerate(a.ones))
         params.append((name, a.dtype, shape, a.is_list))
-    first.kernel(_headerless_kernel(k, params, outputs), schedule)
+    try:
+        first.kernel(_headerless_kernel(k, params, outputs), schedule)
+    except SpecError as e:  # name the dims as pass 2 would: f16[M, N], never f16[_0_0, _0_1]
+        rename = first.canonical_names(set(inputs) | {a.target.id for a in k.body})
+        raise type(e)(re.sub(r"\b_\d+_\d+\b", lambda m: rename.get(m.group(0), m.group(0)), e.message),
+                      e.span) from None
     # Pass 2: each class of unified symbols gets one readable name; no unification left.
     rename = first.canonical_names(set(inputs) | {a.target.id for a in k.body})
     params = [(n, dt, None if sh is None else tuple(rename.get(d, d) for d in sh), lst)
@@ -165,7 +171,7 @@ def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
                                None, span_of))
     souts = tuple(S.Param(S.Name(o, span), None, None, span) for o in outputs)
     name = "_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower()
-    if is_reserved(name) or name in {p[0] for p in params}:   # TL = ..., Exp = ..., Y = y + 1
+    if is_reserved(name):   # TL = ..., Exp = ...: not a name the module may define
         name = "kernel_" + name
     name = S.Name(name, span)
     return S.Kernel(name, tuple(sparams), souts, k.body, span, headerless=True)
@@ -228,6 +234,7 @@ class _Checker:
         self.strict = strict
         self.parent: dict[str, str] = {}     # union-find over symbols (strict=False only)
         self.order: list[str] = []
+        self.hints: dict[str, str] = {}     # symbol -> the name its role suggests (M, K, N)
 
     # --- symbols ------------------------------------------------------------
     def _find(self, d: str) -> str:
@@ -244,8 +251,17 @@ class _Checker:
         """Symbol → readable name; one name per class of unified symbols."""
         names: dict[str, str] = {}
         rename = {}
+        used = set(taken)
+        hinted: dict[str, str] = {}
+        for sym, hint in self.hints.items():
+            hinted.setdefault(self._find(sym), hint)
+        for sym in self.order:     # a matmul's dims first, as GEMMs read: [M, K] @ [K, N]
+            root = self._find(sym)
+            if root not in names and hinted.get(root, "") not in used | {""}:
+                names[root] = hinted[root]
+                used.add(names[root])
         pool = iter(n for n in ["M", "N", "K", "L", "P", "Q", "R", "S", "T", "U", "V", "W"] +
-                    [f"D{i}" for i in range(100)] if n not in taken)
+                    [f"D{i}" for i in range(100)] if n not in used)
         for sym in self.order:
             root = self._find(sym)
             if root not in names:
@@ -393,6 +409,9 @@ class _Checker:
             raise SpecError(f"inner dimensions differ: {type_str(a.dtype, a.shape)} @ {type_str(b.dtype, b.shape)} "
                             f"({k_a} vs {k_b})", e.span)
         batch = self._broadcast_shapes(a.shape[:-2], b.shape[:-2], a, b, e.span)
+        for d, hint in ((a.shape[-2], "M"), (k_a, "K"), (b.shape[-1], "N")):
+            if isinstance(d, str) and not self.strict:
+                self.hints.setdefault(d, hint)
         return Node(Op.MATMUL, a.dtype, batch + (a.shape[-2], b.shape[-1]), (a, b), None, e.span)
 
     def call(self, e: S.Call, env: dict[str, Node]) -> Node:

@@ -30,10 +30,13 @@ class Span:
         lines = self.text.splitlines()
         if not 1 <= self.line <= len(lines):
             return ""
-        src = lines[self.line - 1].expandtabs(4)
+        src = lines[self.line - 1].replace("\t", " ")
         end = self.end_col if self.end_line == self.line else len(src) + 1
-        width = max(1, end - self.col)
-        return f"    {src}\n    {' ' * (self.col - 1)}{'^' * width}"
+        start = max(0, self.col - 1 - 60)          # long lines: a window around the column
+        shown = src[start:start + 120]
+        width = max(1, min(end - self.col, len(shown) - (self.col - 1 - start)))
+        prefix = "..." if start else ""
+        return f"    {prefix}{shown}\n    {' ' * (len(prefix) + self.col - 1 - start)}{'^' * width}"
 
 
 class KgenError(Exception):

@@ -53,7 +53,8 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 }
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
-HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf")
+HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
+           "max_combine", "min_combine", "launch_rows")
 _NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
           Op.POW: ("powf",)}
@@ -84,6 +85,8 @@ FLOAT_OPERANDS = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT,
 
 # Small integer powers are products: exact, and what torch computes for them.
 _SMALL_POWERS = {2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}"}
+# ... and so are roots: torch computes x ** 0.5 as sqrt(x), so (-inf) ** 0.5 is NaN there too.
+_ROOT_POWERS = {0.5: Op.SQRT, -0.5: Op.RSQRT}
 
 
 def helpers_for(nodes) -> tuple[str, ...]:
@@ -122,6 +125,8 @@ class Printer:
             fmt, prec, slots = (WEAK_CASTS if node.inputs[0].is_weak else CASTS)[node.arg]
             if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32:
                 return self.expr(node.inputs[0])  # f32(x) of an f32 value
+        elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _ROOT_POWERS:
+            return self.expr(Node(_ROOT_POWERS[node.inputs[1].arg], node.dtype, node.shape, node.inputs[:1]))
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
             base, base_prec = self.expr(node.inputs[0])
             if base_prec == ATOM:
@@ -167,7 +172,7 @@ def statement_lines(kir: KernelIR, roots, names: dict[int, str]) -> list[Line]:
     nodes the pattern computes itself (a reduction, a dot) must already be named.  Each statement becomes ``name = expression`` under its
     spec line as a comment.
     """
-    needed = {id(n) for n in topo_order(roots)}
+    needed = {id(n) for n in live_nodes(roots, names)}
     printer = Printer(names)
     lines = []
     for stmt in kir.stmts:
@@ -181,3 +186,22 @@ def statement_lines(kir: KernelIR, roots, names: dict[int, str]) -> list[Line]:
         printer.names[id(stmt.node)] = stmt.name
     names.update(printer.names)
     return lines
+
+
+def live_nodes(roots, names: dict[int, str]) -> list[Node]:
+    """The nodes that computing ``roots`` needs, each after its inputs, stopping at named
+    nodes: a named value is at hand, so what it was computed from is not needed again
+    (a pattern that names a reduction or a dot must not recompute its operands)."""
+    order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if id(node) not in names:
+            stack.extend((i, False) for i in reversed(node.inputs) if id(i) not in seen)
+    return order

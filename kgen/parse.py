@@ -72,12 +72,19 @@ def parse(text: str, path: str = "<string>") -> S.Module:
         if isinstance(e.orig_exc, SpecError):
             raise e.orig_exc from None
         raise
+    except RecursionError:
+        raise too_deep(text, path) from None
     if start == "module":
         return built
     body = built
     span = Span(path, 1, 1, 1, 1, text)
     name = S.Name("kernel", span)
     return S.Module((S.Kernel(name, (), (), body, span, headerless=True),), (), path, text)
+
+
+def too_deep(text: str, path: str) -> SpecError:
+    return SpecError("the spec nests expressions too deeply; split it into several statements",
+                     Span(path, 1, 1, 1, 2, text))
 
 
 def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:

@@ -102,9 +102,18 @@ class Kernel:
         self.outputs = tuple(o.name for o in kir.outputs)
         self._host = getattr(self.module, kir.name)
         self._argument_error = self.module.ArgumentError
+        tuning = getattr(plan, "tuning", None)     # patterns with configs to time (gemm)
+        self._tuner = None
+        if tuning is not None and tuning.configs:
+            from .autotune import Tuner
+            self._tuner = Tuner(self._host, tuning, self.source, kir.name)
 
     def __call__(self, *args, **kwargs):
         try:
+            if self._tuner is not None:
+                config = self._tuner.choose(args, kwargs)
+                if config is not None:
+                    kwargs = {**kwargs, "config": config}
             return self._host(*args, **kwargs)
         except self._argument_error as e:
             raise CallError(f"{self.name}: {e}") from None
@@ -194,6 +203,11 @@ class HeaderlessKernel:
     @property
     def pattern(self) -> str:
         return (self._last or self._example()).pattern
+
+    @property
+    def ir(self):
+        """The typed IR of the last call's kernel (or of an f32 example before any call)."""
+        return (self._last or self._example()).ir
 
     def __repr__(self) -> str:
         return f"<kgen.Kernel ({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.text!r}>"

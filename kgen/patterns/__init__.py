@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from ..errors import UnsupportedError
 from ..ir import KernelIR, Op, topo_order
-from . import elementwise
+from . import elementwise, gemm
 
 # Most specific first.
-MATCHERS = (elementwise.match,)
+MATCHERS = (gemm.match, elementwise.match)
 
 
 def classify(kir: KernelIR):

@@ -46,7 +46,7 @@ def host(kir: KernelIR) -> Host:
         for axis, d in enumerate(p.shape):
             if isinstance(d, str) and d not in bound and d not in binding.values():
                 binding[axis] = d
-        if len(binding) == len(p.shape):
+        if binding and len(binding) == len(p.shape):
             checks.append(f"{', '.join(p.shape)}{',' if len(p.shape) == 1 else ''} = {p.name}.shape")
         else:
             checks.extend(f"{d} = {p.name}.shape[{axis}]" for axis, d in binding.items())

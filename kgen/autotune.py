@@ -1,0 +1,227 @@
+"""Autotuning with a disk cache, kept outside the generated modules.
+
+The design: a generated host function takes an optional ``config`` (a dict of
+meta-parameters and launch options) and otherwise picks one with a heuristic
+printed in the module, so a generated module runs on its own, without kgen and
+without tuning.  kgen's runtime ``Kernel`` puts a ``Tuner`` in front of it: on the
+first call for a problem key, the tuner times each candidate config (the plan's
+``Tuning.configs``, pruned for the problem) with ``triton.testing.do_bench``,
+keeps the fastest in memory and on disk, and passes it as ``config=``.
+
+Why not ``@triton.autotune`` in the generated source: its cache lives in one
+process (its disk cache varies across Triton versions), it reports no progress,
+and a module copied out of kgen would then tune on import-time calls by itself.
+
+- **Key**: every tensor argument's dtype, shape and stride layout (which axes are
+  unit-stride or broadcast); shapes carry M, N, K and the batch.  ``out=`` is not
+  part of it.
+- **Disk**: ``<kgen cache>/autotune/<GPU name>/triton-<version>/<kernel>-<source hash>.json``.
+  The file repeats GPU, Triton version and source hash; a file whose fields do not
+  match, that does not parse, or an entry whose config is not a current candidate
+  is ignored (and overwritten on the next tuning).  Writes are atomic.
+- **Off**: ``KGEN_AUTOTUNE=0``, or tensors not on a CUDA device (Triton's
+  interpreter), or a single candidate: the host function's heuristic runs.
+- **Progress**: on stderr, once tuning has taken more than a second.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+FORMAT = 1
+_PROGRESS_AFTER_S = 1.0
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What a plan offers to tune: candidate configs (empty: nothing to tune) and a
+    ``prune(configs, bound_arguments)`` that keeps those worth timing for one call."""
+
+    configs: tuple[dict, ...]
+    prune: Callable | None = None
+
+
+def enabled() -> bool:
+    return os.environ.get("KGEN_AUTOTUNE", "1").strip() not in ("0", "false", "off", "no")
+
+
+def problem_key(arguments: dict) -> str:
+    """``A:f16:4096x4096:s1 B:f16:4096x4096:1s``: dtype, shape and layout of each tensor;
+    per axis ``1`` unit stride, ``0`` broadcast, ``s`` strided, ``-`` size one."""
+    parts = []
+    for name, value in arguments.items():
+        if name in ("out", "config") or not isinstance(value, torch.Tensor):
+            continue
+        layout = "".join("-" if size == 1 else "1" if stride == 1 else "0" if stride == 0 else "s"
+                         for size, stride in zip(value.shape, value.stride()))
+        dtype = str(value.dtype).removeprefix("torch.")
+        parts.append(f"{name}:{dtype}:{'x'.join(map(str, value.shape)) or '()'}:{layout}")
+    return " ".join(parts)
+
+
+def cache_path(kernel: str, source: str, device_name: str, triton_version: str) -> Path:
+    from .runtime import cache_dir
+    return (cache_dir() / "autotune" / _safe(device_name) / f"triton-{_safe(triton_version)}"
+            / f"{kernel}-{source_hash(source)[:20]}.json")
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "unknown"
+
+
+class DiskCache:
+    """One JSON file of best configs per problem key, for one kernel source on one GPU."""
+
+    def __init__(self, path: Path, meta: dict, candidates):
+        self.path, self.meta = path, meta
+        self.candidates = [dict(c) for c in candidates]
+
+    def entries(self) -> dict[str, dict]:
+        """The file's valid entries (key -> {"config": ..., "ms": ...}); {} for a file to ignore."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("format") != FORMAT or \
+                any(data.get(k) != v for k, v in self.meta.items()) or not isinstance(data.get("entries"), dict):
+            return {}           # corrupt, or another GPU's, Triton's or source's
+        return {key: entry for key, entry in data["entries"].items()
+                if isinstance(entry, dict) and entry.get("config") in self.candidates}
+
+    def load(self) -> dict[str, dict]:
+        return {key: entry["config"] for key, entry in self.entries().items()}
+
+    def store(self, key: str, config: dict, ms: float) -> None:
+        from .runtime import write_atomic
+        entries = {**self.entries(), key: {"config": config, "ms": round(ms, 6)}}
+        data = {"format": FORMAT, **self.meta, "entries": dict(sorted(entries.items()))}
+        try:
+            write_atomic(self.path, json.dumps(data, indent=1) + "\n")
+        except OSError as e:   # a read-only cache costs a re-tune, never a failure
+            print(f"kgen: cannot write the autotune cache {self.path}: {e}", file=sys.stderr)
+
+
+def do_bench(fn) -> float:
+    from triton.testing import do_bench as bench
+    return bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+class Tuner:
+    """Chooses ``config=`` for calls of one generated host function.
+
+    ``bench(run, config) -> ms`` and ``device_name`` can be replaced (tests time
+    configs with a fake clock on the interpreter); ``force`` tunes on any device.
+    """
+
+    def __init__(self, host, tuning: Tuning, source: str, name: str, *, bench=None,
+                 device_name: str | None = None, force: bool = False):
+        self.host, self.tuning, self.source, self.name = host, tuning, source, name
+        self.signature = inspect.signature(host)
+        self.bench = bench or (lambda run, config: do_bench(run))
+        self.device_name, self.force = device_name, force
+        self.memory: dict[tuple, dict | None] = {}
+        self.cache: DiskCache | None = None
+        self.tuned = 0                   # problems timed in this process (tests read it)
+        self._lock = threading.Lock()
+
+    def choose(self, args, kwargs) -> dict | None:
+        """The config for this call, or None for the host function's own heuristic."""
+        if len(self.tuning.configs) < 2 or "config" in kwargs or not enabled():
+            return None
+        # The per-call path: one dict lookup on the arguments' dtypes, shapes and strides.
+        fast = (tuple(_signature(a) for a in args),
+                tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out"))
+        config = self.memory.get(fast, _MISSING)
+        if config is _MISSING:
+            config = self._choose(args, kwargs)
+            self.memory[fast] = config
+        return config
+
+    def _choose(self, args, kwargs) -> dict | None:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None                  # the host function reports it
+        tensors = [v for v in bound.arguments.values() if isinstance(v, torch.Tensor)]
+        if not tensors or not (self.force or all(t.is_cuda for t in tensors)):
+            return None                  # Triton's interpreter: nothing to time
+        key = problem_key(bound.arguments)
+        with self._lock:
+            cache = self._disk(tensors[0])
+            config = cache.load().get(key)
+            if config is None:
+                config, ms = self._tune(args, kwargs, bound.arguments, key)
+                cache.store(key, config, ms)
+            return config
+
+    def _disk(self, tensor: torch.Tensor) -> DiskCache:
+        if self.cache is None:
+            import triton
+            device = self.device_name or (torch.cuda.get_device_name(tensor.device) if tensor.is_cuda
+                                          else str(tensor.device))
+            meta = {"device": device, "triton": triton.__version__, "source": source_hash(self.source),
+                    "kernel": self.name}
+            path = cache_path(self.name, self.source, device, triton.__version__)
+            self.cache = DiskCache(path, meta, self.tuning.configs)
+        return self.cache
+
+    def _tune(self, args, kwargs, arguments: dict, key: str) -> tuple[dict, float]:
+        # The heuristic run checks the arguments (a bad call fails here, as it would
+        # untuned) and gives the scratch outputs that every timed run writes, so that
+        # the caller's out= (which may alias an input) is written once, at the end.
+        plain = {k: v for k, v in kwargs.items() if k != "out"}
+        scratch = self.host(*args, **plain)
+        candidates = list(self.tuning.prune(self.tuning.configs, arguments) if self.tuning.prune
+                          else self.tuning.configs)
+        start = time.perf_counter()
+        shown = False
+        best, best_ms, failures = None, math.inf, []
+        for i, config in enumerate(candidates):
+            try:
+                ms = self.bench(lambda c=config: self.host(*args, **plain, out=scratch, config=c), config)
+            except Exception as e:   # a config that does not compile or fit: skip it
+                failures.append(e)
+                ms = math.inf
+            if ms < best_ms:
+                best, best_ms = config, ms
+            elapsed = time.perf_counter() - start
+            if elapsed > _PROGRESS_AFTER_S:
+                if not shown:
+                    print(f"kgen: autotuning {self.name} for {key}", file=sys.stderr)
+                    shown = True
+                print(f"kgen:   {i + 1}/{len(candidates)} {_brief(config)}: "
+                      f"{'failed' if ms == math.inf else f'{ms:.4f} ms'} ({elapsed:.1f} s)", file=sys.stderr)
+        if best is None:
+            raise failures[0]
+        self.tuned += 1
+        if shown:
+            print(f"kgen: {self.name}: chose {_brief(best)} ({best_ms:.4f} ms) of {len(candidates)} configs in "
+                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+        return best, best_ms
+
+
+def _signature(value):
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.shape, value.stride(), value.device
+    return type(value)
+
+
+def _brief(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())

@@ -1,0 +1,456 @@
+"""Tiled GEMM with a fused epilogue: Triton tutorial 03, generalized.
+
+One matmul ``A @ B`` (2-D, or 3-D with torch's batch broadcasting) whose result
+feeds any pointwise DAG: the epilogue runs on the f32 accumulator, reads scalars
+and extra tensors that broadcast to the output (bias ``[N]``, row scale ``[M, 1]``,
+residual ``[M, N]``), and each output is stored once.  Each program computes one
+``BLOCK_M x BLOCK_N`` tile; programs are ordered in groups of ``GROUP_M`` tile rows
+so that consecutive programs reuse tiles of A and B from L2.  Rows of A and
+columns of B past the edge wrap around (``% M``, ``% N``) so that the K loop masks
+only K; the epilogue and the store mask M and N.  Strides are runtime arguments,
+so transposed or sliced operands need no copy; Triton specializes unit strides.
+
+A pointwise *prologue* on an operand (``f16(A) @ B``, ``relu(A) @ B``) runs on each
+tile inside the K loop when it reads one tensor of the operand's shape (plus
+scalars); past K, tiles are zeroed again after it.
+
+f32 operands use TF32 tensor cores by default, as ``torch.backends.cuda.matmul.
+allow_tf32 = True`` would; a schedule's ``input_precision = ieee`` asks for exact
+f32 products (``tf32x3`` is the middle ground).
+
+Tuning (see ``kgen/autotune.py``): the generated host function takes an optional
+``config`` (a dict of ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``)
+and otherwise picks one by a heuristic printed in the module, so the module stays
+standalone.  kgen's ``Kernel`` times the candidate configs (``<kernel>_configs`` in
+the module: the schedule's, or ``CANDIDATES_16`` / ``CANDIDATES_32`` below) on the
+first call per problem key and keeps the winner on disk.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import partial
+
+from ..autotune import Tuning
+from ..errors import SpecError, UnsupportedError
+from ..ir import LEAVES, POINTWISE, KernelIR, Node, Op, topo_order
+from ..lower import CALL, Line, Printer, helpers_for, statement_lines
+from .host import Host, host
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+SCHEDULE_KEYS = CONFIG_KEYS + ("input_precision",)
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+# Autotuning candidates, (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
+# 16-bit operands: tutorial 03's CUDA list plus the larger tiles that Hopper's 227 KB
+# of shared memory holds (128 x 256 x 64 at 4 stages: 192 KB), and skinny tiles for
+# small M (LLM decode).  To be re-measured on the H100.
+CANDIDATES_16 = (
+    (128, 256, 64, 8, 8, 3),
+    (128, 256, 64, 8, 8, 4),
+    (256, 128, 64, 8, 8, 3),
+    (128, 128, 64, 8, 8, 4),
+    (128, 128, 64, 8, 4, 4),
+    (64, 256, 32, 8, 4, 4),
+    (128, 128, 32, 8, 4, 4),
+    (128, 64, 32, 8, 4, 4),
+    (64, 128, 64, 8, 4, 4),
+    (64, 64, 64, 8, 4, 4),
+    (32, 64, 128, 8, 4, 4),
+    (16, 64, 128, 8, 4, 4),
+    (16, 128, 128, 8, 4, 3),
+)
+# f32 operands (TF32 or IEEE): 4-byte elements, half the K per stage.
+CANDIDATES_32 = (
+    (128, 128, 32, 8, 8, 3),
+    (128, 64, 32, 8, 4, 4),
+    (64, 128, 32, 8, 4, 4),
+    (64, 64, 32, 8, 4, 4),
+    (32, 64, 64, 8, 4, 4),
+    (16, 64, 64, 8, 4, 4),
+)
+# The config without tuning: the first row whose limit holds, (max M, max M * N, config)
+# (one limit per row; a row with neither is the last).
+# Small M gets skinny tiles; otherwise tiles shrink until the grid has about one
+# program per SM (132 on an H100) or more.
+HEURISTIC_16 = (
+    (16, None, (16, 64, 128, 8, 4, 4)),
+    (32, None, (32, 64, 128, 8, 4, 4)),
+    (64, None, (64, 64, 64, 8, 4, 4)),
+    (None, 512 * 512, (64, 64, 64, 8, 4, 4)),
+    (None, 1024 * 1024, (64, 128, 64, 8, 4, 4)),
+    (None, None, (128, 256, 64, 8, 8, 3)),
+)
+HEURISTIC_32 = (
+    (16, None, (16, 64, 64, 8, 4, 4)),
+    (32, None, (32, 64, 64, 8, 4, 4)),
+    (64, None, (64, 64, 32, 8, 4, 4)),
+    (None, 1024 * 1024, (64, 128, 32, 8, 4, 4)),
+    (None, None, (128, 128, 32, 8, 8, 3)),
+)
+# Triton's interpreter (no GPU) runs programs one after another in NumPy: a few
+# mid-sized tiles are fastest there.  GROUP_M = 2 keeps the grouped order exercised.
+INTERPRETER_CONFIG = (32, 32, 32, 2, 4, 1)
+# Keys a schedule leaves out take these values.
+SCHEDULE_DEFAULTS = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+
+# Names the kernel defines for itself; a spec's names must differ.
+KERNEL_LOCALS = frozenset({
+    "M", "N", "K", "k", "pid_b", "num_pid_m", "num_pid_n", "num_pid_in_group", "group_id", "first_pid_m",
+    "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K"})
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One operand of the matmul, read tile by tile in the K loop."""
+
+    tile: str                     # the variable holding a tile: "A"
+    ptrs: str                     # its pointer block: "A_ptrs"
+    base: str                     # "A_ptr + offs_am[:, None] * A_stride0 + offs_k[None, :] * A_stride1"
+    k_mask: str                   # "offs_k[None, :] < K - k * BLOCK_K"
+    step: str                     # "A_stride1": the stride along K
+    prologue: tuple[Line, ...]    # code on each tile before the dot (a pointwise prologue)
+    zero_fill: bool               # the prologue may turn the zeros past K into something else
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    name: str
+    host: Host
+    signature: str                # the host function's parameters (the shared ones and config=None)
+    summary: str                  # "C[M, N] = A[M, K] @ B[K, N]"
+    pointers: tuple[str, ...]     # kernel arguments: input pointers, scalars, output pointers
+    strides: tuple[str, ...]      # kernel arguments: one line of strides per tensor
+    batched: bool
+    a: Tile
+    b: Tile
+    dot: str                      # "acc = tl.dot(A, B, acc)"
+    int64_casts: tuple[str, ...]  # lines under `if INT64:`
+    loads: tuple[str, ...]        # the epilogue's tensor loads
+    body: tuple[Line, ...]        # the epilogue, spec statement by statement
+    stores: tuple[str, ...]
+    helpers: tuple[str, ...]
+    sizes: tuple[str, str, str]   # host expressions for M, N, K
+    batch: str                    # host expression for the batch count ("" when not batched)
+    launch: tuple[str, ...]       # lines of launch arguments before the constexprs
+    tensors: tuple[str, ...]      # every tensor the kernel touches (for the int64 test)
+    configs: tuple[str, ...]      # candidate configs, printed as dict literals
+    heuristic: tuple[tuple[str, str], ...]   # (condition or "", config) rows; the last has no condition
+    interpreter: str              # the config on Triton's interpreter
+    scheduled: bool               # the candidates come from the spec's schedule
+    tuning: Tuning
+    pattern: str = "gemm"
+    template: str = "gemm.jinja"
+
+
+def match(kir: KernelIR) -> GemmPlan | None:
+    nodes = topo_order(o.node for o in kir.outputs)
+    matmuls = [n for n in nodes if n.op is Op.MATMUL]
+    if not matmuls or any(p.is_list for p in kir.params):
+        return None       # not a GEMM, or a grouped one (list parameters)
+    if len(matmuls) > 1:
+        raise UnsupportedError("a GEMM kernel computes one matmul; this is a second one "
+                               "(split the spec into two kernels)", matmuls[1].span)
+    mm = matmuls[0]
+    lhs, rhs = mm.inputs
+    under = {id(n) for n in topo_order([mm])}
+    for n in nodes:
+        if id(n) not in under and n.op not in POINTWISE and n.op not in LEAVES:
+            raise UnsupportedError(f"{n.op.value} after a matmul is outside the GEMM pattern: its epilogue "
+                                   f"must be pointwise", n.span)
+        if id(n) not in under:
+            for i in n.inputs:
+                if id(i) in under and i is not mm and i.op not in LEAVES:
+                    raise UnsupportedError("a value computed for the matmul's operand cannot be used "
+                                           "after the matmul", i.span)
+    out_shape = kir.outputs[0].node.shape
+    for o in kir.outputs:
+        if o.node.shape != out_shape:
+            raise UnsupportedError(f"the outputs of a GEMM kernel must share one shape: {kir.outputs[0].name} "
+                                   f"has {list(out_shape)}, {o.name} has {list(o.node.shape)}", o.span)
+    if len(out_shape) > 3:
+        raise UnsupportedError(f"GEMM outputs have at most one batch dimension, got {list(out_shape)}",
+                               kir.outputs[0].span)
+    if tuple(out_shape[-2:]) != tuple(mm.shape[-2:]):
+        raise UnsupportedError(f"the epilogue broadcasts the matmul's {list(mm.shape)} result to "
+                               f"{list(out_shape)}; only a batch dimension may be added", mm.span)
+    a_input = _operand_input(lhs, "left")
+    b_input = _operand_input(rhs, "right")
+    _check_names(kir)
+    batched = len(out_shape) == 3
+    rank = len(out_shape)
+
+    # The tensors the kernel reads, and along which of their axes.
+    epilogue_reads = {id(i) for n in nodes if id(n) not in under for i in n.inputs} | \
+                     {id(o.node) for o in kir.outputs}
+    used = {id(n) for n in nodes}
+    names: dict[int, str] = {id(mm): "acc"}
+    strides: dict[str, set[int]] = {}       # tensor -> axes whose strides the kernel takes
+    tensors, scalars, loads = [], [], []
+    for p in kir.params:
+        node = kir.nodes[p.name]
+        if id(node) not in used:
+            continue
+        if p.is_scalar:
+            scalars.append(p.name)
+            names[id(node)] = p.name
+            continue
+        tensors.append(p.name)
+        axes = strides.setdefault(p.name, set())
+        if node is a_input or node is b_input:
+            axes |= _operand_axes(p.shape, batched)
+        if id(node) in epilogue_reads:
+            load, load_axes = _epilogue_load(p.name, p.shape, rank, p.dtype)
+            loads.append(load)
+            axes |= load_axes
+            names[id(node)] = p.name
+
+    a_name, b_name = a_input.arg, b_input.arg
+    same = a_input is b_input
+    a_tile = Tile(
+        tile=f"{a_name}_lhs" if same else a_name, ptrs=f"{a_name}_lhs_ptrs" if same else f"{a_name}_ptrs",
+        base=_operand_base(a_name, a_input.shape, batched, "offs_am[:, None]", "offs_k[None, :]"),
+        k_mask="offs_k[None, :] < K - k * BLOCK_K", step=f"{a_name}_stride{len(a_input.shape) - 1}",
+        prologue=(), zero_fill=False)
+    b_tile = Tile(
+        tile=f"{b_name}_rhs" if same else b_name, ptrs=f"{b_name}_rhs_ptrs" if same else f"{b_name}_ptrs",
+        base=_operand_base(b_name, b_input.shape, batched, "offs_k[:, None]", "offs_bn[None, :]"),
+        k_mask="offs_k[:, None] < K - k * BLOCK_K", step=f"{b_name}_stride{len(b_input.shape) - 2}",
+        prologue=(), zero_fill=False)
+    a_tile = _with_prologue(a_tile, lhs, a_input, names, kir)
+    b_tile = _with_prologue(b_tile, rhs, b_input, names, kir)
+    _check_derived(kir, [a_tile.ptrs, b_tile.ptrs] + [t for t in (a_tile.tile, b_tile.tile) if t not in tensors])
+
+    # The epilogue: spec statements after the matmul, on the accumulator.  Statements
+    # that only feed an operand (a prologue) were printed in the K loop.
+    for s in kir.stmts:
+        if id(s.node) in under and s.node is not mm and id(s.node) not in names:
+            names[id(s.node)] = s.name
+    computed = {s.name: s.node for s in kir.stmts}
+    body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
+    stores = []
+    for o in kir.outputs:
+        offsets = " + ".join(([f"pid_b * {o.name}_stride0"] if batched else [])
+                             + [f"offs_m[:, None] * {o.name}_stride{rank - 2}",
+                                f"offs_n[None, :] * {o.name}_stride{rank - 1}"])
+        cast = _store_cast(computed[o.name].dtype, o.node.dtype)
+        stores.append(f"tl.store({o.name}_ptr + {offsets}, {o.name}{cast}, mask=mask)")
+        strides[o.name] = set(range(rank))
+
+    precision = _precision(kir, lhs.dtype)
+    dot_args = f"{a_tile.tile}, {b_tile.tile}, acc" + (f', input_precision="{precision}"' if precision else "")
+    int64 = []
+    for axis_name, cast in (("offs_m", "offs_m.to(tl.int64)"), ("offs_n", "offs_n.to(tl.int64)")):
+        int64.append(f"{axis_name} = {cast}")
+    if batched:
+        int64.append("pid_b = pid_b.to(tl.int64)")
+    for step in dict.fromkeys((a_tile.step, b_tile.step)):
+        int64.append(f"{step} = tl.cast({step}, tl.int64)")
+
+    outputs = [o.name for o in kir.outputs]
+    stride_lines = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tensors + outputs
+                         if strides[t])
+    sizes = (str(mm.shape[-2]), str(mm.shape[-1]), str(lhs.shape[-1]))
+    launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
+        ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
+    candidates, rows, tunable = _schedule(kir, lhs.dtype)
+    h = host(kir)
+    summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
+               f"{', '.join(outputs)}{_shape(out_shape)}")
+    return GemmPlan(
+        name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
+        pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs),
+        strides=stride_lines, batched=batched, a=a_tile, b=b_tile, dot=f"acc = tl.dot({dot_args})",
+        int64_casts=tuple(int64), loads=tuple(loads), body=tuple(body), stores=tuple(stores),
+        helpers=helpers_for(nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
+        launch=launch, tensors=tuple(tensors + outputs),
+        configs=tuple(_config_text(c) for c in candidates),
+        heuristic=tuple((_condition(m, mn), _config_text(c)) for m, mn, c in rows),
+        interpreter=_config_text(INTERPRETER_CONFIG), scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        tuning=Tuning(tuple(dict(zip(CONFIG_KEYS, c)) for c in candidates) if tunable else (),
+                      partial(prune, lhs=a_name, rhs=b_name)))
+
+
+# --- operands -------------------------------------------------------------------
+
+def _operand_input(operand: Node, side: str) -> Node:
+    """The tensor input an operand reads: the operand itself, or the one input of its prologue."""
+    if operand.op is Op.INPUT:
+        return operand
+    sub = topo_order([operand])
+    inputs = [n for n in sub if n.op is Op.INPUT]
+    other = [n for n in sub if n.op not in POINTWISE and n.op not in LEAVES]
+    if other or len(inputs) != 1 or inputs[0].shape != operand.shape:
+        raise UnsupportedError(f"the matmul's {side} operand must be a tensor input or a pointwise function of "
+                               f"one input of its shape, such as f16(A) or relu(A)", operand.span)
+    return inputs[0]
+
+
+def _operand_axes(shape, batched: bool) -> set[int]:
+    rank = len(shape)
+    axes = {rank - 2, rank - 1}
+    if batched and rank == 3 and shape[0] != 1:
+        axes.add(0)
+    return axes
+
+
+def _operand_base(name: str, shape, batched: bool, rows: str, cols: str) -> str:
+    rank = len(shape)
+    terms = [f"{rows} * {name}_stride{rank - 2}", f"{cols} * {name}_stride{rank - 1}"]
+    if batched and rank == 3 and shape[0] != 1:
+        terms.insert(0, f"pid_b * {name}_stride0")
+    return f"{name}_ptr + " + " + ".join(terms)
+
+
+def _with_prologue(tile: Tile, operand: Node, source: Node, names: dict, kir: KernelIR) -> Tile:
+    if operand is source:
+        return tile
+    loaded = tile.tile + _load_cast(source.dtype)
+    printer = Printer({**{k: v for k, v in names.items()}, id(source): loaded})
+    if operand.op is Op.CAST and operand.arg.bits < 32:   # f16(relu(A)): round once, on the result
+        text, prec = printer.expr(operand.inputs[0])
+        text = f"({text})" if prec < CALL else text
+        text += f".to({operand.arg.triton})"
+    else:
+        text, prec = printer.expr(operand)
+        if operand.dtype.compute is not operand.dtype:
+            text = (f"({text})" if prec < CALL else text) + f".to({operand.dtype.triton})"
+    sub = topo_order([operand])
+    zero_fill = any(n.op not in (Op.CAST, Op.INPUT) for n in sub)
+    comment = _span_text(kir, operand) + f", on each tile of {source.arg}"
+    return Tile(tile.tile, tile.ptrs, tile.base, tile.k_mask, tile.step,
+                (Line(comment, (f"{tile.tile} = {text}",)),), zero_fill)
+
+
+def _epilogue_load(name: str, shape, rank: int, dtype) -> tuple[str, set[int]]:
+    """``b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N)``: a tensor the epilogue reads,
+    broadcast to the tile.  Only the axes it varies along are addressed."""
+    offset = rank - len(shape)
+    roles = {}
+    for axis, d in enumerate(shape):
+        if d != 1:
+            roles[("b", "m", "n")[offset + axis + (3 - rank)]] = axis
+    terms = []
+    if "b" in roles:
+        terms.append(f"pid_b * {name}_stride{roles['b']}")
+    both = "m" in roles and "n" in roles
+    if "m" in roles:
+        terms.append(f"offs_m{'[:, None]' if both else ''} * {name}_stride{roles['m']}")
+    if "n" in roles:
+        terms.append(f"offs_n{'[None, :]' if both else ''} * {name}_stride{roles['n']}")
+    mask = "mask" if both else "offs_m < M" if "m" in roles else "offs_n < N" if "n" in roles else ""
+    address = " + ".join([f"{name}_ptr"] + terms)
+    text = f"tl.load({address}{', mask=' + mask if mask else ''}){_load_cast(dtype)}"
+    if "m" in roles and not both:
+        text += "[:, None]"
+    return f"{name} = {text}", set(roles.values())
+
+
+def _load_cast(dtype) -> str:
+    return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
+
+
+def _store_cast(computed, stored) -> str:
+    return f".to({stored.triton})" if computed.compute is not stored else ""
+
+
+def _shape(shape) -> str:
+    return f"[{', '.join(str(d) for d in shape)}]"
+
+
+def _span_text(kir: KernelIR, node: Node) -> str:
+    span = node.span
+    lines = kir.text.split("\n")
+    if span is None or span.line != span.end_line or not 1 <= span.line <= len(lines):
+        return node.op.value
+    return lines[span.line - 1][span.col - 1:span.end_col - 1]
+
+
+def _check_names(kir: KernelIR) -> None:
+    for p in kir.params:
+        if p.name in KERNEL_LOCALS:
+            raise UnsupportedError(f"'{p.name}' is a name the generated GEMM kernel uses itself; rename it", p.span)
+    for s in kir.stmts:
+        if s.name in KERNEL_LOCALS:
+            raise UnsupportedError(f"'{s.name}' is a name the generated GEMM kernel uses itself; rename it", s.span)
+
+
+def _check_derived(kir: KernelIR, derived) -> None:
+    """Names the kernel derives from the spec's (A_ptrs) must not be the spec's own."""
+    spec = {p.name: p.span for p in kir.params} | {s.name: s.span for s in kir.stmts}
+    for name in derived:
+        if name in spec:
+            raise UnsupportedError(f"'{name}' is a name the generated GEMM kernel uses itself; rename it",
+                                   spec[name])
+
+
+# --- schedule -------------------------------------------------------------------
+
+def _precision(kir: KernelIR, dtype) -> str:
+    values = kir.schedule.get("input_precision", ("tf32",))
+    if len(values) != 1 or values[0] not in PRECISIONS:
+        raise SpecError(f"input_precision takes one of {', '.join(PRECISIONS)}, got "
+                        f"{', '.join(map(str, values))}", kir.span)
+    return values[0] if dtype.bits == 32 else ""
+
+
+def _schedule(kir: KernelIR, dtype):
+    """(candidates, heuristic rows, tunable): the spec's schedule, or kgen's defaults."""
+    unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
+    if unknown:
+        raise SpecError(f"GEMM kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{unknown[0]}'",
+                        kir.span)
+    wide = dtype.bits == 32
+    rows = HEURISTIC_32 if wide else HEURISTIC_16
+    given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
+    if not given:
+        return (CANDIDATES_32 if wide else CANDIDATES_16), rows, True
+    for key, values in given.items():
+        for v in values:
+            if not isinstance(v, int) or v <= 0:
+                raise SpecError(f"{key} takes positive integers, got {v}", kir.span)
+            if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
+                raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
+                                kir.span)
+            if key in ("GROUP_M", "num_warps") and v & (v - 1):
+                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+    lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
+    candidates = tuple(itertools.product(*lists))
+    constrained = []
+    for m, mn, config in rows:
+        config = tuple(_closest(v, lists[i]) for i, v in enumerate(config))
+        if constrained and constrained[-1][2] == config:   # one row: either condition picks it
+            pm, pmn, _ = constrained[-1]
+            unconditional = (m is None and mn is None) or (pm is None and pmn is None)
+            m = None if unconditional else max(filter(None, (m, pm)), default=None)
+            mn = None if unconditional else max(filter(None, (mn, pmn)), default=None)
+            constrained[-1] = (m, mn, config)
+        else:
+            constrained.append((m, mn, config))
+    return candidates, tuple(constrained), len(candidates) > 1
+
+
+def _closest(value: int, allowed) -> int:
+    return min(allowed, key=lambda v: (abs(math.log2(v) - math.log2(value)), v))
+
+
+def _config_text(config) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in zip(CONFIG_KEYS, config)) + "}"
+
+
+def _condition(max_m, max_mn) -> str:
+    parts = ([f"M <= {max_m}"] if max_m is not None else []) + \
+            ([f"M * N <= {max_mn}"] if max_mn is not None else [])
+    return " or ".join(parts)
+
+
+def prune(configs, bound: dict, lhs: str, rhs: str):
+    """The candidates worth timing for one problem: tiles no larger than the problem
+    (rounded up to a power of two, at least 16) on each axis."""
+    a, b = bound[lhs], bound[rhs]
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
+    kept = [c for c in configs
+            if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)]
+    return kept or [min(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]

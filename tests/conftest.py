@@ -1,0 +1,54 @@
+"""Test-session setup shared by every test file.
+
+* ``KGEN_CACHE_DIR`` points at a fresh folder for the session, so tests never read
+  or write the user's ``~/.cache/kgen`` and start from an empty module cache.
+* Without CUDA, ``TRITON_INTERPRET=1`` is set before anything imports a generated
+  module, so ``@triton.jit`` functions are built for Triton's interpreter.
+* Tests marked ``gpu`` (declared in pyproject.toml) are skipped where there is no
+  CUDA device: bf16 arithmetic and tensors past 2**31 elements live there.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+_CACHE = tempfile.mkdtemp(prefix="kgen-test-cache-")
+os.environ["KGEN_CACHE_DIR"] = _CACHE
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (bf16 arithmetic, large tensors)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture
+def cache_dir():
+    """The session's kgen module cache (a ``pathlib.Path``)."""
+    from kgen.runtime import cache_dir as current
+    return current()

@@ -1,0 +1,740 @@
+"""The elementwise pattern, end to end: kgen's kernel against the float64 reference
+(``kgen.reference.evaluate``) and, for dtypes and shapes, against the same statements
+run in eager PyTorch.
+
+Hypothesis draws the program (a random pointwise DAG over DESIGN.md's function set),
+the output's rank and shape (0-size, 1, primes, sizes past a block), how each operand
+broadcasts (axes set to 1 or dropped), its layout (contiguous, transposed, sliced with
+a step, expanded), its dtype and its values.  Without a GPU the kernels run on
+Triton's interpreter, so sizes stay small; bf16 runs only where CUDA is.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen
+from kgen.errors import CallError, KgenError, UnsupportedError
+from kgen.reference import evaluate
+
+from conftest import DEVICE, HAS_CUDA
+
+SETTINGS = settings(deadline=None, max_examples=50, derandomize=False, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# (atol, rtol) by output dtype.  The kernel computes in f32 (16-bit loads widened, a
+# single rounding on store); the reference computes in float64 and is rounded to the
+# output dtype before comparing, so 16-bit outputs may differ by one unit in the last
+# place and f32 outputs by f32 rounding of bounded intermediates.
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)}
+
+SIZES = (0, 1, 2, 3, 5, 7, 16, 17, 31, 33, 64, 127, 257)
+MAX_ELEMENTS = 300
+
+
+# --------------------------------------------------------------------------- helpers
+
+def assert_matches(got, want, dtype=None):
+    """``got`` (the kernel's output) equals the reference ``want`` rounded to got's dtype."""
+    assert isinstance(got, torch.Tensor)
+    want = torch.as_tensor(want)
+    assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
+    if dtype is not None:
+        assert got.dtype == dtype
+    want = want.to(device=got.device)
+    if got.dtype == torch.bool or not got.dtype.is_floating_point:
+        assert torch.equal(got, want.to(got.dtype)), (got, want)
+        return
+    atol, rtol = TOL[got.dtype]
+    torch.testing.assert_close(got.double(), want.to(got.dtype).double(), atol=atol, rtol=rtol, equal_nan=True)
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+class Launches:
+    """Counts (and optionally suppresses) launches of a generated module's kernels."""
+
+    def __init__(self):
+        self.count = 0
+        self.kwargs = []
+
+
+class _Counting:
+    def __init__(self, fn, launches: Launches, run: bool):
+        self.fn, self.launches, self.run = fn, launches, run
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.count += 1
+            self.launches.kwargs.append(kwargs)
+            if self.run:
+                return self.fn[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    """``launches = watch(module, run=True)``: count launches of every ``*_kernel`` in it."""
+    from triton.runtime.jit import KernelInterface
+
+    def install(module, run: bool = True) -> Launches:
+        launches = Launches()
+        for name, value in list(vars(module).items()):
+            if name.endswith("_kernel") and isinstance(value, KernelInterface):
+                monkeypatch.setattr(module, name, _Counting(value, launches, run))
+        return launches
+    return install
+
+
+# Eager PyTorch for the language's statements: dtypes and shapes must agree with it.
+def _t(x):
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x)
+
+
+EAGER = {
+    "exp": lambda x: torch.exp(_t(x)), "exp2": lambda x: torch.exp2(_t(x)), "log": lambda x: torch.log(_t(x)),
+    "log2": lambda x: torch.log2(_t(x)), "sqrt": lambda x: torch.sqrt(_t(x)), "rsqrt": lambda x: torch.rsqrt(_t(x)),
+    "abs": lambda x: torch.abs(_t(x)), "sin": lambda x: torch.sin(_t(x)), "cos": lambda x: torch.cos(_t(x)),
+    "tanh": lambda x: torch.tanh(_t(x)), "sigmoid": lambda x: torch.sigmoid(_t(x)),
+    "relu": lambda x: torch.relu(_t(x)), "gelu": lambda x: F.gelu(_t(x)),
+    "gelu_tanh": lambda x: F.gelu(_t(x), approximate="tanh"), "silu": lambda x: F.silu(_t(x)),
+    "softplus": lambda x: F.softplus(_t(x)),
+    "leaky_relu": lambda x, alpha=0.01: F.leaky_relu(_t(x), alpha),
+    "maximum": lambda a, b: torch.maximum(*torch.broadcast_tensors(*_pair(a, b))),
+    "minimum": lambda a, b: torch.minimum(*torch.broadcast_tensors(*_pair(a, b))),
+    "where": lambda c, a, b: torch.where(c, a, b),
+    "clamp": lambda x, lo=None, hi=None: torch.clamp(_t(x), lo, hi),
+    "f16": lambda x: _t(x).to(torch.float16), "f32": lambda x: _t(x).to(torch.float32),
+    "bf16": lambda x: _t(x).to(torch.bfloat16), "i32": lambda x: _t(x).to(torch.int32),
+    "bool": lambda x: _t(x).to(torch.bool),
+}
+
+
+def _pair(a, b):
+    """torch.maximum wants tensors; a Python number takes the other side's dtype, as a
+    weak scalar does in torch's promotion."""
+    if not isinstance(a, torch.Tensor):
+        a = torch.tensor(a, dtype=b.dtype if b.dtype.is_floating_point or isinstance(a, int) else None)
+    if not isinstance(b, torch.Tensor):
+        b = torch.tensor(b, dtype=a.dtype if a.dtype.is_floating_point or isinstance(b, int) else None)
+    return a, b
+
+
+def eager(text: str, args: dict) -> dict:
+    """Run the statements as Python over torch (the language is Python's expression syntax)."""
+    env = dict(EAGER)
+    env.update(args)
+    for stmt in re.split(r"[;\n]", text):
+        if stmt.strip():
+            name, expr = stmt.split("=", 1)
+            env[name.strip()] = eval(expr, {"__builtins__": {}}, env)  # noqa: S307 - our own test text
+    return env
+
+
+# --------------------------------------------------------------------------- strategies
+
+@st.composite
+def shapes(draw, max_rank: int = 4, max_elements: int = MAX_ELEMENTS):
+    rank = draw(st.integers(0, max_rank))
+    shape, budget = [], max_elements
+    for _ in range(rank):
+        size = draw(st.sampled_from([s for s in SIZES if s <= max(budget, 1)]))
+        shape.append(size)
+        budget //= max(size, 1)
+    return tuple(shape)
+
+
+@st.composite
+def broadcast_of(draw, out_shape):
+    """An operand shape that broadcasts to ``out_shape``: leading axes dropped, others set to 1."""
+    drop = draw(st.integers(0, len(out_shape)))
+    kept = out_shape[drop:]
+    return tuple(1 if draw(st.booleans()) and draw(st.booleans()) else d for d in kept)
+
+
+LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
+
+
+def make_tensor(values: torch.Tensor, layout: str, out_shape, dtype) -> torch.Tensor:
+    """``values`` (float64) as a tensor of ``dtype`` laid out as ``layout`` asks."""
+    values = values.to(dtype)
+    rank = values.dim()
+    if layout == "transposed" and rank >= 2:
+        perm = list(range(rank))[::-1]
+        base = values.permute(perm).contiguous()          # the memory order is reversed
+        return base.permute(perm)
+    if layout == "sliced" and rank >= 1:
+        base = torch.full([2 * s + 1 for s in values.shape], float("nan"), dtype=dtype, device=DEVICE)
+        view = base[tuple(slice(1, None, 2) for _ in values.shape)]
+        view.copy_(values)
+        return view
+    if layout == "expanded" and rank >= 1:
+        target = tuple(out_shape[len(out_shape) - rank:])
+        if any(s == 1 and t != 1 for s, t in zip(values.shape, target)):
+            return values.contiguous().expand(target)
+    return values.contiguous()
+
+
+def draw_values(data, shape, dtype, nan: bool, scale: float | None = None) -> torch.Tensor:
+    seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    scale = scale if scale is not None else data.draw(st.sampled_from([0.5, 1.0, 3.0]), label="scale")
+    values = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    if values.numel():
+        # exact zeros, ones and repeated values, which hypothesis likes and kernels trip on
+        special = torch.rand(shape, generator=gen, dtype=torch.float64)
+        values = torch.where(special < 0.05, torch.zeros_like(values), values)
+        values = torch.where((special >= 0.05) & (special < 0.08), torch.ones_like(values), values)
+        if nan:
+            values = torch.where(special > 0.95, torch.full_like(values, math.nan), values)
+    return values.to(dtype).to(torch.float64).to(DEVICE)   # representable in dtype
+
+
+# Random pointwise programs over bounded values: every subexpression stays within a
+# few hundred in magnitude and away from singular points, so f32 rounding stays far
+# below the tolerances; functions outside that (log near 0, NaN-producing domains,
+# infinities) are covered one function at a time in test_each_function_special_values.
+UNARY = ["abs({})", "sin({})", "cos({})", "tanh({})", "sigmoid({})", "relu({})", "gelu({})", "gelu_tanh({})",
+         "silu({})", "softplus({})", "leaky_relu({})", "leaky_relu({}, 0.2)", "leaky_relu({}, alpha=0.05)",
+         "-({})", "exp(clamp({}, -3, 3))", "exp2(minimum({}, 4))", "log(abs({}) + 1)", "log2(abs({}) + 0.5)",
+         "sqrt(abs({}) + 1)", "rsqrt(abs({}) + 0.25)", "({}) ** 2", "({}) ** 3", "(abs({}) + 1) ** 1.5",
+         "(abs({}) + 1) ** -0.5", "sigmoid({}) ** 0.5", "clamp({}, -1, 2)", "clamp({}, lo=-0.5)",
+         "clamp({}, hi=1)", "clamp(x={}, lo=0, hi=1.5)", "maximum({}, 0.25)", "minimum(1, {})"]
+BINARY = ["({}) + ({})", "({}) - ({})", "({}) * ({})", "({}) / (abs({}) + 1)", "maximum({}, {})",
+          "minimum({}, {})", "(sigmoid({}) + 0.5) ** clamp({}, -2, 2)", "leaky_relu({}, sigmoid({}))"]
+COMPARE = ["<", "<=", ">", ">=", "==", "!="]
+CONSTANTS = ["0.5", "2", "-1.5", "3", "0.1"]
+
+
+@dataclass
+class Program:
+    text: str
+    tensors: tuple[str, ...]      # names that are tensor inputs
+    scalars: tuple[str, ...]      # names that are Python-number inputs
+
+
+@st.composite
+def leaves(draw, names):
+    name = draw(st.sampled_from(names))
+    how = draw(st.integers(0, 9))
+    if how == 0:
+        return draw(st.sampled_from(CONSTANTS))
+    if how == 1:
+        return f"f32({name})"
+    if how == 2:
+        return f"f16({name})"     # rounding an input: exact on both sides
+    return name
+
+
+@st.composite
+def conditions(draw, names):
+    a = draw(st.sampled_from(names))
+    how = draw(st.integers(0, 3))
+    if how == 0:
+        return f"bool({a})"
+    b = draw(st.sampled_from(names + CONSTANTS[:2]))
+    return f"{a} {draw(st.sampled_from(COMPARE))} {b}"
+
+
+@st.composite
+def expressions(draw, names, depth):
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(leaves(names))
+    kind = draw(st.integers(0, 9))
+    sub = lambda: draw(expressions(names, depth - 1))  # noqa: E731
+    if kind <= 3:
+        return draw(st.sampled_from(UNARY)).format(sub())
+    if kind <= 7:
+        return draw(st.sampled_from(BINARY)).format(sub(), sub())
+    if kind == 8:
+        return f"where({draw(conditions(names))}, {sub()}, {sub()})"
+    lo, hi = sorted([draw(leaves(names)), draw(leaves(names))])
+    return f"clamp({sub()}, {lo}, {hi})"
+
+
+@st.composite
+def programs(draw):
+    n_tensors = draw(st.integers(1, 3))
+    tensors = ("A", "B", "C")[:n_tensors]
+    scalars = ("s",) if draw(st.booleans()) else ()
+    names = list(tensors + scalars)
+    stmts = []
+    if draw(st.booleans()):                       # an intermediate the outputs read
+        stmts.append(f"t = {draw(expressions(names, 2))}")
+        names = names + ["t"]
+    outputs = draw(st.integers(1, 2))
+    for i, out in enumerate(("Y", "Z")[:outputs]):
+        e = draw(expressions(names, 3))
+        if i == 0 and "t" in names and not re.search(r"\bt\b", e):
+            e = f"({e}) + t"                      # t must be read, or it becomes an output too
+        stmts.append(f"{out} = {e}")
+    sep = draw(st.sampled_from(["\n", "; "]))
+    return Program(sep.join(stmts), tensors, scalars)
+
+
+def first_appearance(text: str, candidates) -> list[str]:
+    seen = []
+    for tok in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text):
+        if tok in candidates and tok not in seen:
+            seen.append(tok)
+    return seen
+
+
+# --------------------------------------------------------------------------- property tests
+
+@SETTINGS
+@given(data=st.data())
+def test_random_program_matches_reference(data):
+    prog = data.draw(programs(), label="program")
+    out_shape = data.draw(shapes(), label="shape")
+    inputs = first_appearance(prog.text, prog.tensors + prog.scalars)
+    nan = data.draw(st.booleans(), label="nan")
+    args = {}
+    for name in inputs:
+        if name in prog.scalars:
+            args[name] = data.draw(st.sampled_from([0.75, -2.0, 3, 0, 1.5]), label=name)
+            continue
+        shape = data.draw(broadcast_of(out_shape), label=f"{name} shape")
+        dtype = data.draw(st.sampled_from([torch.float16, torch.float32]), label=f"{name} dtype")
+        layout = data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
+        args[name] = make_tensor(draw_values(data, shape, dtype, nan), layout, out_shape, dtype)
+
+    kernel = kgen.compile(prog.text)
+    assert list(kernel.inputs) == inputs
+    want_eager = eager(prog.text, args)
+    out_shapes = {tuple(torch.as_tensor(want_eager[o]).shape) for o in kernel.outputs}
+    if len(out_shapes) > 1:                      # outputs of different shapes: not one elementwise pass
+        with pytest.raises(UnsupportedError, match="must share one shape"):
+            kernel(*args.values())
+        return
+    got = as_tuple(kernel(*(args[n] for n in inputs)))
+    want = evaluate(kernel.ir, args)
+    assert len(got) == len(want) == len(kernel.outputs)
+    for name, g, w in zip(kernel.outputs, got, want):
+        e = torch.as_tensor(want_eager[name])
+        assert g.dtype == e.dtype, f"{name}: kgen gives {g.dtype}, torch {e.dtype}"
+        assert g.shape == e.shape
+        assert_matches(g, w)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_layouts_and_broadcasting(data):
+    """One fixed fused expression; everything about the operands is drawn."""
+    out_shape = data.draw(shapes(), label="shape")
+    args = []
+    for name in ("X", "G", "B"):
+        shape = data.draw(broadcast_of(out_shape), label=f"{name} shape")
+        dtype = data.draw(st.sampled_from([torch.float16, torch.float32]), label=f"{name} dtype")
+        layout = data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
+        args.append(make_tensor(draw_values(data, shape, dtype, nan=True), layout, out_shape, dtype))
+    kernel = kgen.compile("Y = silu(X) * G + B")
+    got = kernel(*args)
+    x, g, b = (a.double() for a in args)
+    want = F.silu(x) * g + b
+    assert got.dtype == torch.promote_types(torch.promote_types(args[0].dtype, args[1].dtype), args[2].dtype)
+    assert_matches(got, want)
+    assert_matches(got, evaluate(kernel.ir, dict(zip("XGB", args)))[0])
+
+
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_block_boundaries(data):
+    """Sizes around the block size: a declared schedule makes blocks small enough to cross
+    several on the interpreter, and the default schedule sees n_elements past 1024."""
+    block = data.draw(st.sampled_from([16, 32]), label="BLOCK_SIZE")
+    m = data.draw(st.sampled_from([1, 2, 3, 5]), label="M")
+    n = data.draw(st.sampled_from([block - 1, block, block + 1, 2 * block + 1, 3]), label="N")
+    transposed = data.draw(st.booleans(), label="transposed")
+    spec = f"""kernel scaled(X: f32[M, N], b: f32[N], alpha: f32 = 2.0) -> Y: f32[M, N] {{
+    Y = tanh(X * alpha) + b
+}}
+schedule scaled {{
+    BLOCK_SIZE = {block}
+}}
+"""
+    kernel = kgen.compile(spec)
+    x = torch.randn(n, m, device=DEVICE).t() if transposed else torch.randn(m, n, device=DEVICE)
+    b = torch.randn(n, device=DEVICE)
+    assert_matches(kernel(x, b), torch.tanh(x.double() * 2.0) + b.double())
+    assert_matches(kernel(x, b, alpha=-0.5), torch.tanh(x.double() * -0.5) + b.double())
+
+
+@pytest.mark.parametrize("n", [1023, 1024, 1025, 2049])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_default_blocks_crossed(n, contiguous):
+    kernel = kgen.compile("Y = X * 2 + Z")
+    x = torch.randn(n, device=DEVICE)
+    z = torch.randn(2 * n, device=DEVICE)
+    z = z[::2] if not contiguous else z[:n]
+    assert_matches(kernel(x, z), x.double() * 2 + z.double())
+
+
+# --------------------------------------------------------------------------- each function
+
+SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5, 20.0,
+           20.5, 30.0, -30.0, 88.0, 89.0, -88.0, -104.0, 1e4, -1e4, 65504.0, 1e-6, -1e-6, 1e-30, 1e30, -1e38]
+
+UNARY_FUNCTIONS = ["exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "sin", "cos", "tanh", "sigmoid", "relu",
+                   "leaky_relu", "gelu", "gelu_tanh", "silu", "softplus"]
+TORCH_UNARY = {"exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2, "sqrt": torch.sqrt,
+               "rsqrt": torch.rsqrt, "abs": torch.abs, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
+               "sigmoid": torch.sigmoid, "relu": torch.relu, "leaky_relu": F.leaky_relu, "gelu": F.gelu,
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "softplus": F.softplus}
+
+
+def special_values(dtype):
+    x = torch.tensor(SPECIAL, dtype=torch.float64)
+    if dtype == torch.float16:
+        x = x.clamp(-65504, 65504).where(x.isfinite() | x.isnan(), x)
+    return x.to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("fn", UNARY_FUNCTIONS)
+def test_each_function_special_values(fn, dtype):
+    """NaN, infinities, signed zeros, overflow thresholds: where torch is defined, so is kgen."""
+    x = special_values(dtype)
+    kernel = kgen.compile(f"Y = {fn}(X)")
+    got = kernel(x)
+    want = TORCH_UNARY[fn](x.double())
+    assert got.dtype == TORCH_UNARY[fn](x).dtype
+    assert_matches(got, want)
+    assert_matches(got, evaluate(kernel.ir, {"X": x})[0])
+
+
+BINARY_SPECS = {
+    "X + Y": lambda x, y: x + y, "X - Y": lambda x, y: x - y, "X * Y": lambda x, y: x * y,
+    "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,
+    "minimum(X, Y)": torch.minimum, "where(X > Y, X, Y)": lambda x, y: torch.where(x > y, x, y),
+    "leaky_relu(X, Y)": lambda x, y: torch.where(x >= 0, x, x * y), "clamp(X, Y, 1)": lambda x, y: torch.clamp(
+        torch.clamp(x, min=y), max=torch.tensor(1.0, dtype=x.dtype)),
+    "X < Y": torch.lt, "X <= Y": torch.le, "X > Y": torch.gt, "X >= Y": torch.ge, "X == Y": torch.eq,
+    "X != Y": torch.ne,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("spec", list(BINARY_SPECS))
+def test_each_binary_special_values(spec, dtype):
+    """Every pair of special values, through each binary function and operator."""
+    v = special_values(dtype)
+    x = v.repeat_interleave(len(v))
+    y = v.repeat(len(v))
+    kernel = kgen.compile(f"Z = {spec}")
+    got = kernel(x, y)
+    want = BINARY_SPECS[spec](x.double(), y.double())
+    assert_matches(got, want)
+    assert_matches(got, evaluate(kernel.ir, {"X": x, "Y": y})[0])
+
+
+@pytest.mark.parametrize("exponent", ["0.5", "-0.5", "2", "3", "4", "-1", "-2", "1.5", "0", "1", "2.0"])
+def test_power_by_constant(exponent):
+    """``x ** c`` as torch.pow(x, c): small integers as products, 0.5 as sqrt, as torch does."""
+    x = special_values(torch.float32)
+    kernel = kgen.compile(f"Y = X ** {exponent}")
+    want = torch.pow(x.double(), float(exponent) if "." in exponent else int(exponent))
+    assert_matches(kernel(x), want)
+    assert_matches(kernel(x), evaluate(kernel.ir, {"X": x})[0])
+
+
+@pytest.mark.parametrize("text, fn", [
+    ("Y = exp(I)", torch.exp), ("Y = sqrt(I)", torch.sqrt), ("Y = sigmoid(I)", torch.sigmoid),
+    ("Y = silu(I)", F.silu), ("Y = softplus(I)", F.softplus), ("Y = I / 2", lambda i: i / 2),
+    ("Y = I / J", lambda i: i / i.flip(0).clamp(min=1)), ("Y = abs(I) + J", lambda i: i.abs() + i.flip(0).clamp(min=1)),
+    ("Y = 2 ** f32(I)", lambda i: torch.pow(2.0, i.float())), ("Y = relu(I)", torch.relu),
+    ("Y = I * 0.5", lambda i: i * 0.5), ("Y = f32(I) ** I", lambda i: torch.pow(i.float(), i)),
+    ("Y = i32(X * 3)", None), ("Y = bool(I)", lambda i: i.bool()), ("Y = -I", torch.neg),
+])
+def test_integer_operands(text, fn):
+    """i32 inputs: float functions widen them to f32 as torch does; integer math stays i32."""
+    i = torch.arange(-6, 7, dtype=torch.int32, device=DEVICE)
+    j = i.flip(0).clamp(min=1)
+    x = torch.linspace(-2, 2, 13, device=DEVICE)
+    kernel = kgen.compile(text)
+    env = {"I": i, "J": j, "X": x}
+    args = [env[n] for n in kernel.inputs]
+    got = kernel(*args)
+    want = fn(i) if fn is not None else (x * 3).to(torch.int32)
+    assert got.dtype == want.dtype
+    if got.dtype.is_floating_point:
+        assert_matches(got, want.double())
+    else:
+        assert torch.equal(got, want)
+    assert_matches(got, evaluate(kernel.ir, dict(zip(kernel.inputs, args)))[0])
+
+
+@pytest.mark.parametrize("text", [
+    "Y = X * exp(1.0)", "Y = X + sigmoid(0.5)", "Y = X + maximum(1.0, 2.0)", "Y = X + f16(0.1)",
+    "Y = X * (1 / 3)", "Y = X + abs(-2)", "Y = X + clamp(5.0, 0, 1)", "Y = X + 2 ** 0.5", "Y = X + (1 + 2)",
+    "Y = X + leaky_relu(-1.0)", "Y = X * f32(2)", "Y = X + gelu(1.0) * tanh(0.5)", "Y = where(X > 0, 1.5, -2) + X",
+])
+def test_constant_subexpressions(text):
+    """Math on literals alone is computed as torch would (the reference too)."""
+    x = torch.linspace(-2, 2, 9, device=DEVICE)
+    kernel = kgen.compile(text)
+    got = kernel(x)
+    want = eager(text, {"X": x.double()})["Y"]
+    assert_matches(got, want)
+    assert_matches(got, evaluate(kernel.ir, {"X": x})[0])
+
+
+@pytest.mark.parametrize("value", [2.0, 1, -3, 0.1])
+@pytest.mark.parametrize("text", ["Y = X + f32(s)", "Y = X * f16(s)", "Y = X + i32(s)", "Y = X * exp(s)",
+                                  "Y = X + sigmoid(s) * s", "Y = where(X > s, X, s)", "Y = clamp(X, s, 2)"])
+def test_scalar_inputs(text, value):
+    """A Python number for an input makes it a runtime scalar; casts and functions take it."""
+    x = torch.linspace(-2, 2, 9, device=DEVICE)
+    kernel = kgen.compile(text)
+    got = kernel(x, value) if kernel.inputs == ("X", "s") else kernel(value, x)
+    want = eager(text, {"X": x.double(), "s": value})["Y"]
+    assert_matches(got, want)
+    assert_matches(got, evaluate(kernel.ir, {"X": x, "s": value})[0])
+
+
+def test_scalars_only():
+    """No tensor at all: a 0-dim result on the device torch would pick."""
+    k = kgen.compile("Y = a * 2 + b")
+    got = k(1.5, 0.25)
+    assert got.shape == () and got.dtype == torch.float32
+    assert_matches(got, torch.tensor(1.5 * 2 + 0.25, dtype=torch.float64))
+    declared = kgen.compile("kernel twice(a: f32) -> Y {\n    Y = a * 2\n}\n")
+    assert_matches(declared(3.0), torch.tensor(6.0, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- calls
+
+def test_several_outputs_in_order_of_assignment():
+    k = kgen.compile("t = X * W\nZ = t + 1; Y = relu(t)\nV = Y > Z")
+    assert k.inputs == ("X", "W") and k.outputs == ("Z", "Y", "V")
+    x, w = torch.randn(4, 5, device=DEVICE), torch.randn(5, device=DEVICE)
+    z, y, v = k(x, w)
+    t = x.double() * w.double()
+    assert_matches(z, t + 1)
+    assert_matches(y, torch.relu(t))
+    assert v.dtype == torch.bool
+    assert torch.equal(v, (y > z))
+
+
+def test_out_argument_is_written_and_returned():
+    k = kgen.compile("Y = X * 2; Z = X + 1")
+    x = torch.randn(3, 4, device=DEVICE)
+    y = torch.empty(4, 3, device=DEVICE).t()          # a strided out
+    z = torch.empty(3, 4, device=DEVICE)
+    ry, rz = k(x, out=(y, z))
+    assert ry is y and rz is z
+    assert_matches(y, x.double() * 2)
+    assert_matches(z, x.double() + 1)
+    single = kgen.compile("specs/vector_add.k")
+    a, b = torch.randn(10, device=DEVICE), torch.randn(10, device=DEVICE)
+    o = torch.empty(10, device=DEVICE)
+    assert single(a, b, out=o) is o
+    assert_matches(o, a.double() + b.double())
+
+
+def test_keyword_calls():
+    k = kgen.compile("Y = A * B + C")
+    a, b, c = (torch.randn(2, 3, device=DEVICE) for _ in range(3))
+    want = a.double() * b.double() + c.double()
+    assert_matches(k(C=c, A=a, B=b), want)
+    assert_matches(k(a, C=c, B=b), want)
+    declared = kgen.compile("specs/vector_add.k")
+    x, y = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
+    assert_matches(declared(y=y, x=x), x.double() + y.double())
+
+
+def test_scalar_parameter_default_and_keyword():
+    spec = "kernel act(X: f16[N], alpha: f32 = 0.2) -> Y: f16[N] {\n    Y = leaky_relu(X, alpha)\n}\n"
+    k = kgen.compile(spec)
+    x = torch.randn(50, device=DEVICE).half()
+    assert_matches(k(x), F.leaky_relu(x.double(), 0.2))
+    assert_matches(k(x, alpha=0.5), F.leaky_relu(x.double(), 0.5))
+    assert_matches(k(x, 3), F.leaky_relu(x.double(), 3.0))
+
+
+def test_one_launch_per_call(watch):
+    k = kgen.compile("t = exp(X) * B\nY = t + sigmoid(t)\nZ = Y * B")
+    x, b = torch.randn(6, 7, device=DEVICE), torch.randn(7, device=DEVICE)
+    k(x, b)                                          # specialize first
+    launches = watch(k._last.module)
+    y, z = k(x, b)
+    assert launches.count == 1
+    k(x.t().contiguous().t(), b)
+    assert launches.count == 2
+
+
+def test_zero_size_gives_empty_outputs_without_launch(watch):
+    k = kgen.compile("Y = X + B; Z = X * 2")
+    x, b = torch.randn(0, 5, device=DEVICE), torch.randn(5, device=DEVICE)
+    k(torch.randn(2, 5, device=DEVICE), b)
+    launches = watch(k._last.module)
+    y, z = k(x, b)
+    assert launches.count == 0
+    assert y.shape == z.shape == (0, 5) and y.dtype == torch.float32
+    declared = kgen.compile("specs/vector_add.k")
+    launches = watch(declared.module)
+    assert declared(torch.empty(0, device=DEVICE), torch.empty(0, device=DEVICE)).shape == (0,)
+    assert launches.count == 0
+
+
+def test_same_text_reuses_module(cache_dir):
+    text = "Y = cos(X) * 3 - X  # reuse"
+    x = torch.randn(8, device=DEVICE)
+    k1 = kgen.compile(text)
+    k1(x)
+    files = sorted(cache_dir.glob("*.py"))
+    k2 = kgen.compile(text)
+    k2(x)
+    assert k2._last.module is k1._last.module
+    assert sorted(cache_dir.glob("*.py")) == files
+    d1, d2 = kgen.compile("specs/vector_add.k"), kgen.compile("specs/vector_add.k")
+    assert d1.module is d2.module
+
+
+def test_cache_file_is_reused_across_processes(cache_dir, monkeypatch):
+    """A fresh process (no modules in memory) imports the file on disk without rewriting it,
+    and rewrites a file whose content does not match its hash."""
+    from kgen import runtime
+    text = "Y = sin(X) + 0.125"
+    x = torch.randn(5, device=DEVICE)
+    kgen.compile(text)(x)
+    monkeypatch.setattr(runtime, "_modules", {})
+    source = kgen.compile(text).source
+    path = next(p for p in cache_dir.glob("*.py") if p.read_text() == source)
+    mtime = path.stat().st_mtime_ns
+    k = kgen.compile(text)
+    assert_matches(k(x), torch.sin(x.double()) + 0.125)
+    assert path.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(runtime, "_modules", {})
+    path.write_text("this is not the generated module\n")
+    k = kgen.compile(text)
+    assert_matches(k(x), torch.sin(x.double()) + 0.125)
+    assert path.read_text() == source
+
+
+def test_new_shape_reuses_compiled_kernel(cache_dir):
+    k = kgen.compile("Y = X * B + 1")
+    k(torch.randn(3, 4, device=DEVICE), torch.randn(4, device=DEVICE))
+    host, files = k._last._host, sorted(cache_dir.glob("*.py"))
+    for m, n in [(5, 7), (1, 2), (17, 33), (0, 3)]:
+        x, b = torch.randn(m, n, device=DEVICE), torch.randn(n, device=DEVICE)
+        assert_matches(k(x, b), x.double() * b.double() + 1)
+        assert k._last._host is host
+    assert sorted(cache_dir.glob("*.py")) == files
+    # a size-1 axis is part of the key (it broadcasts): that compiles once more, then is reused
+    k(torch.randn(3, 1, device=DEVICE), torch.randn(4, device=DEVICE))
+    other = k._last._host
+    assert other is not host
+    k(torch.randn(6, 1, device=DEVICE), torch.randn(9, device=DEVICE))
+    assert k._last._host is other
+
+
+def test_source_and_pattern():
+    k = kgen.compile("Y = X * sigmoid(X) + B")
+    assert k.pattern == "elementwise"
+    assert "@triton.jit" in k.source and "# Y = X * sigmoid(X) + B" in k.source
+    d = kgen.compile("specs/vector_add.k")
+    assert d.pattern == "elementwise" and "def vector_add(" in d.source
+    assert d.inputs == ("x", "y") and d.outputs == ("z",)
+
+
+# --------------------------------------------------------------------------- int64 offsets
+
+def test_int64_decision_for_huge_views(watch):
+    """Offsets past 2**31 need int64: decided per call from shapes and strides.  Checked on
+    meta tensors with the launch intercepted, so nothing of that size is allocated or run."""
+    k = kgen.compile("specs/vector_add.k")
+    launches = watch(k.module, run=False)
+    n = 2**31 + 5
+    big = torch.empty(n, device="meta")
+    k(big, big, out=torch.empty(n, device="meta"))
+    assert launches.kwargs[-1]["INT64"] is True
+    small = torch.empty(1000, device="meta")
+    k(small, small, out=torch.empty(1000, device="meta"))
+    assert launches.kwargs[-1]["INT64"] is False
+
+    h = kgen.compile("Y = X + 1")
+    h(torch.randn(2, 3))
+    launches = watch(h._last.module, run=False)
+    expanded = torch.empty(1, 1, device="meta").expand(2**16, 2**15 + 1)   # stride 0, > 2**31 elements
+    h(expanded)
+    assert launches.kwargs[-1]["INT64"] is True
+    assert launches.kwargs[-1]["CONTIGUOUS"] is False
+    # few elements, but one operand's strides reach past 2**31
+    strided = torch.empty(3, 2**30, device="meta")[:, :2]
+    h(strided, out=torch.empty(3, 2, device="meta"))
+    assert launches.kwargs[-1]["INT64"] is True
+    h(torch.empty(3, 2**20, device="meta")[:, :2], out=torch.empty(3, 2, device="meta"))
+    assert launches.kwargs[-1]["INT64"] is False
+
+
+def test_needs_int64_helper():
+    k = kgen.compile("specs/vector_add.k")
+    needs = k.module._needs_int64
+    assert needs(torch.empty(2**31 + 5, device="meta"))
+    assert not needs(torch.empty(1).expand(2**31 + 5))             # stride 0: every offset is 0
+    assert needs(torch.empty(1).expand(2**31 + 5), torch.empty(2**31 + 5, device="meta"))
+    assert needs(torch.empty(3, 2**30, device="meta")[:, :1])       # large stride, 3 elements
+    assert not needs(torch.empty(2**20, device="meta"))
+
+
+@pytest.mark.gpu
+def test_int64_offsets_on_gpu():
+    """Past 2**31 elements the offsets are int64: the last elements are written, and right."""
+    n = 2**31 + 2**12 + 3
+    x = torch.zeros(n, dtype=torch.float16, device="cuda")
+    x[:4096] = torch.randn(4096, device="cuda").half()
+    x[-4096:] = torch.randn(4096, device="cuda").half()
+    y = kgen.compile("Y = X * 2 + 1")(x)
+    assert_matches(y[:4096], x[:4096].double() * 2 + 1)
+    assert_matches(y[-4096:], x[-4096:].double() * 2 + 1)
+    del y
+    # strided: a transposed view whose strides reach past 2**31
+    t = x[: 2**31 + 2].view(2, 2**30 + 1).t()
+    z = kgen.compile("Z = T - 1")(t)
+    assert_matches(z[-8:], t[-8:].double() - 1)
+
+
+# --------------------------------------------------------------------------- bf16 (GPU only)
+
+@pytest.mark.gpu
+@settings(deadline=None, max_examples=40)
+@given(data=st.data())
+def test_bf16_random_programs(data):
+    prog = data.draw(programs(), label="program")
+    out_shape = data.draw(shapes(), label="shape")
+    inputs = first_appearance(prog.text, prog.tensors + prog.scalars)
+    args = {}
+    for name in inputs:
+        if name in prog.scalars:
+            args[name] = 0.75
+            continue
+        shape = data.draw(broadcast_of(out_shape), label=f"{name} shape")
+        dtype = data.draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), label=f"{name} dtype")
+        layout = data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
+        args[name] = make_tensor(draw_values(data, shape, dtype, nan=True), layout, out_shape, dtype)
+    kernel = kgen.compile(prog.text)
+    want_eager = eager(prog.text, args)
+    if len({tuple(torch.as_tensor(want_eager[o]).shape) for o in kernel.outputs}) > 1:
+        return
+    got = as_tuple(kernel(*(args[n] for n in inputs)))
+    for name, g, w in zip(kernel.outputs, got, evaluate(kernel.ir, args)):
+        assert g.dtype == torch.as_tensor(want_eager[name]).dtype
+        assert_matches(g, w)
+
+
+@pytest.mark.gpu
+def test_bf16_casts():
+    x = torch.randn(33, 17, device="cuda").bfloat16()
+    k = kgen.compile("Y = bf16(X * 3) + f32(X)")
+    assert_matches(k(x), (x.double() * 3).bfloat16().double() + x.double())
+    assert kgen.compile("Y = silu(X) * X")(x).dtype == torch.bfloat16

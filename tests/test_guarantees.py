@@ -1,0 +1,169 @@
+"""What kgen guarantees about hostile specs: every outcome of the front end is a
+kernel or a KgenError, and nothing from a spec reaches generated Python except
+validated names and re-printed numbers."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen
+from kgen import dtypes as D
+from kgen.check import Arg
+from kgen.parse import parse
+from kgen.pipeline import generate
+
+VALID = [
+    "kernel softmax(X: f16[M, N]) -> Y: f16[M, N] {\n    m = max(X, axis=-1)\n    e = exp(X - m)\n"
+    "    Y = e / sum(e, axis=-1)\n}\n",
+    "kernel f(x: f32[N], y: f32[N], alpha: f32 = 0.5) -> z: f32[N] {\n    z = leaky_relu(x * y, alpha)  # c\n}\n"
+    "schedule f {\n    BLOCK_SIZE = [256, 512]\n    num_warps = 4\n}\n",
+    "kernel g(x: f16[M, N], b: f16[N]) -> (y: f16[M, N], z: f32[M, N]) {\n    y = gelu(x + b)\n"
+    "    z = where(x > 0, f32(x) ** 2, clamp(x, lo=-1, hi=1))\n}\n",
+    "Y = X * sigmoid(X) + B; Z = Y > 0",
+    "h = relu(x)\ny = h * w + b\n",
+]
+TOKENS = ["kernel", "schedule", "X", "Y", "x", "f16", "f32", "[", "]", "(", ")", "{", "}", ",", ":", "->",
+          "=", "+", "-", "*", "/", "@", "**", "<", "==", ";", "\n", "# note\n", "1", "2.5", "1e5", "axis",
+          "sum", "max", "exp", "where", "M", "N", "-1", "\t", " "]
+
+
+def outcome(text: str):
+    """Generate every kernel of ``text`` (headerless ones with f32 matrices)."""
+    module = parse(text, "fuzz.k")
+    args = None
+    if module.kernels and module.kernels[0].headerless:
+        from kgen.check import headerless_inputs
+        inputs, _ = headerless_inputs(module.kernels[0])
+        args = {module.kernels[0].name.id: tuple(Arg(D.F32, (False, False)) for _ in inputs)}
+    return generate(text, "fuzz.k", args)
+
+
+def assert_kernel_or_kgen_error(text: str) -> None:
+    try:
+        generated = outcome(text)
+    except kgen.KgenError as e:
+        if e.span is not None:
+            assert re.match(r"fuzz\.k:\d+:\d+: ", str(e)), str(e)
+        return
+    assert_clean(generated.source)
+
+
+# Only these may appear as names at module level in generated code.
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math"}
+
+
+def assert_clean(source: str) -> None:
+    """The generated module parses, imports only what it may, and calls nothing dangerous."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert {a.name for a in node.names} <= ALLOWED_IMPORTS, ast.dump(node)
+        assert not isinstance(node, ast.ImportFrom), ast.dump(node)
+        if isinstance(node, ast.Name):
+            assert node.id not in {"exec", "eval", "__import__", "os", "sys", "open", "compile", "globals"}, node.id
+        if isinstance(node, ast.Attribute):
+            assert node.attr == "__name__" or not node.attr.startswith("__"), node.attr
+
+
+# About 500 examples over the three fuzz tests in CI; KGEN_FUZZ_EXAMPLES=4000 for a long run.
+FUZZ = settings(max_examples=int(os.environ.get("KGEN_FUZZ_EXAMPLES", "170")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(TOKENS), max_size=40))
+def test_random_tokens(tokens):
+    assert_kernel_or_kgen_error(" ".join(tokens))
+
+
+@FUZZ
+@given(st.sampled_from(VALID), st.data())
+def test_mutated_specs(text, data):
+    chars = list(text)
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(chars)))
+        action = data.draw(st.sampled_from(["delete", "insert", "replace"]))
+        c = data.draw(st.sampled_from(list("()[]{},:;=+-*/@<>#\n\t xX0.9e_") + ["\r", "\x00", "é", "\u2028"]))
+        if action == "insert" or not chars:
+            chars.insert(i, c)
+        elif i < len(chars):
+            chars[i] = c if action == "replace" else ""
+    assert_kernel_or_kgen_error("".join(chars))
+
+
+@FUZZ
+@given(st.sampled_from(VALID), st.data())
+def test_truncated_specs(text, data):
+    assert_kernel_or_kgen_error(text[:data.draw(st.integers(0, len(text)))])
+
+
+@pytest.mark.parametrize("text", [
+    "", "\n\n", "# only a comment", "Y = " + "(" * 5000 + "X" + ")" * 5000, "Y = " + " + ".join(["X"] * 3000),
+    "Y = " + "-" * 3000 + "X", "Y = " + "9" * 400, "Y = 1e999 * X", "Y = X ** 1e308 ** 2",
+    "kernel k(X: f32[" + ", ".join(["N"] * 50) + "]) -> Y { Y = X }",
+])
+def test_edge_inputs(text):
+    assert_kernel_or_kgen_error(text)
+
+
+def test_non_utf8_file(tmp_path):
+    spec = tmp_path / "bad.k"
+    spec.write_bytes(b"kernel f(x: f32[N]) -> y: f32[N] { y = x \xff\xfe }")
+    with pytest.raises(kgen.KgenError, match="bad.k"):
+        kgen.compile(spec)
+
+
+# --- no code injection ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["os", "sys", "__import__", "exec", "eval", "def", "import", "lambda", "tl",
+                                  "triton", "torch", "math", "pid", "offs", "mask", "X_ptr", "print", "None",
+                                  "True", "_private", "BLOCK_SIZE", "kernel", "out", "gelu", "powf", "grid"])
+def test_reserved_names_are_rejected(name):
+    with pytest.raises(kgen.SpecError, match=f"'{re.escape(name)}'"):
+        outcome(f"kernel f(x: f32[N]) -> y: f32[N] {{\n    {name} = x * 2\n    y = {name} + 1\n}}")
+
+
+def test_kernel_may_not_be_named_after_generated_code():
+    with pytest.raises(kgen.SpecError, match="'torch'"):
+        outcome("kernel torch(x: f32[N]) -> y: f32[N] { y = x }")
+
+
+@pytest.mark.parametrize("comment", ["\rimport os", "\x0cimport os", "\x0bimport os", "\u2028import os",
+                                     "\x1cimport os", "\x85import os"])
+def test_comments_never_become_code(comment, device):
+    text = f"kernel f(x: f32[N]) -> y: f32[N] {{\n    y = (x +  # {comment}\n         1)\n}}"
+    source = outcome(text).source
+    assert_clean(source)
+    assert "import os" not in source
+    k = kgen.compile(text)
+    x = torch.arange(5, dtype=torch.float32, device=device)
+    torch.testing.assert_close(k(x), x + 1)
+
+
+@pytest.mark.parametrize("literal, error", [("1e309", "too large"), ("0x10", "unexpected"), ("1_000", "unexpected"),
+                                            ("nan", "unknown name"), ("inf", "unknown name")])
+def test_literals_are_handled_deliberately(literal, error):
+    with pytest.raises(kgen.SpecError, match=error):
+        outcome(f"kernel f(x: f32[N]) -> y: f32[N] {{ y = x * {literal} }}")
+
+
+def test_literals_are_reprinted_not_pasted(device):
+    text = "kernel f(x: f32[N]) -> y: f32[N] { y = x * 0001.2500000 + 1.e0 + 3e-2 }"
+    source = outcome(text).source
+    code = [line for line in source.splitlines() if line.strip().startswith("y =")]
+    assert code == ["    y = x * 1.25 + 1.0 + 0.03"]
+    x = torch.arange(4, dtype=torch.float32, device=device)
+    torch.testing.assert_close(kgen.compile(text)(x), x * 1.25 + 1.0 + 0.03)
+
+
+def test_spec_path_cannot_break_the_header(tmp_path):
+    from kgen.pipeline import generate
+    source = generate("kernel f(x: f32[N]) -> y: f32[N] { y = x }", "evil\nimport os\r.k").source
+    assert_clean(source)
+    assert "\nimport os" not in source
