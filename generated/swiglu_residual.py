@@ -35,6 +35,8 @@ def _check_scalar(name, value, kind):
 
 
 def _device(*named):
+    if not named:  # Python numbers only: the device torch would pick
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     first, device = named[0][0], named[0][1].device
     for name, value in named[1:]:
         if value.device != device:

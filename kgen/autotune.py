@@ -10,7 +10,8 @@ keeps the fastest in memory and on disk, and passes it as ``config=``.
 
 Why not ``@triton.autotune`` in the generated source: its cache lives in one
 process (its disk cache varies across Triton versions), it reports no progress,
-and a module copied out of kgen would then tune on import-time calls by itself.
+and a module copied out of kgen would compile and time every candidate on its
+first call wherever it runs.
 
 - **Key**: every tensor argument's dtype, shape and stride layout (which axes are
   unit-stride or broadcast); shapes carry M, N, K and the batch.  ``out=`` is not
@@ -59,7 +60,7 @@ def enabled() -> bool:
 
 
 def problem_key(arguments: dict) -> str:
-    """``A:f16:4096x4096:s1 B:f16:4096x4096:1s``: dtype, shape and layout of each tensor;
+    """``A:float16:4096x4096:s1 B:float16:4096x4096:1s``: dtype, shape and layout of each tensor;
     per axis ``1`` unit stride, ``0`` broadcast, ``s`` strided, ``-`` size one."""
     parts = []
     for name, value in arguments.items():
@@ -139,6 +140,7 @@ class Tuner:
         self.memory: dict[tuple, dict | None] = {}
         self.cache: DiskCache | None = None
         self.tuned = 0                   # problems timed in this process (tests read it)
+        self.last: dict | None = None    # the config of the last tuned call (None: the heuristic)
         self._lock = threading.Lock()
 
     def choose(self, args, kwargs) -> dict | None:
@@ -152,6 +154,7 @@ class Tuner:
         if config is _MISSING:
             config = self._choose(args, kwargs)
             self.memory[fast] = config
+        self.last = config
         return config
 
     def _choose(self, args, kwargs) -> dict | None:

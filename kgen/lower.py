@@ -141,7 +141,9 @@ class Printer:
         args = []
         for operand, need in zip(node.inputs, slots):
             text, p = self.expr(operand)
-            if node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
+            if node.op is Op.POW and operand is node.inputs[0] and operand.is_weak:
+                text, p = WEAK_CASTS[D.F32][0].format(text), CALL  # powf reads the base's sign bit
+            elif node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
                 text, p = self._to_f32(operand, text, p)
             args.append(f"({text})" if p < need else text)
         return fmt.format(*args), prec

@@ -7,6 +7,8 @@ eagerly and under ``torch.compile``.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +16,10 @@ from .ir import KernelIR, Node, Op, topo_order
 
 
 def _leaky_relu(x, alpha):
+    if not isinstance(x, torch.Tensor):  # leaky_relu(0.5, sigmoid(A))
+        x = _as_tensor(x, alpha)
+    if isinstance(alpha, (int, float)):  # what a user writes, and one kernel in eager mode
+        return F.leaky_relu(x, alpha)
     return torch.where(x >= 0, x, x * alpha)
 
 
@@ -24,6 +30,8 @@ def _clamp(node: Node):
         it = iter(bounds)
         lo = next(it) if has_lo else None
         hi = next(it) if has_hi else None
+        if not isinstance(x, torch.Tensor):  # clamp(0.5, A, B)
+            x = _as_tensor(x, next(b for b in bounds if isinstance(b, torch.Tensor)))
         return torch.clamp(x, _as_tensor(lo, x), _as_tensor(hi, x))
     return clamp
 
@@ -54,7 +62,9 @@ REFERENCE_OPS = {
     Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.true_divide,
     Op.POW: torch.pow, Op.MAXIMUM: _binary_tensor(torch.maximum), Op.MINIMUM: _binary_tensor(torch.minimum),
     Op.LEAKY_RELU: _leaky_relu,
-    Op.LT: torch.lt, Op.LE: torch.le, Op.GT: torch.gt, Op.GE: torch.ge, Op.EQ: torch.eq, Op.NE: torch.ne,
+    # the operators, not torch.lt & co: they take a number on either side (0.5 < X)
+    Op.LT: operator.lt, Op.LE: operator.le, Op.GT: operator.gt, Op.GE: operator.ge, Op.EQ: operator.eq,
+    Op.NE: operator.ne,
     Op.WHERE: torch.where,
     Op.SUM: lambda x, axis: x.sum(axis, keepdim=True),
     Op.MAX: lambda x, axis: x.amax(axis, keepdim=True),

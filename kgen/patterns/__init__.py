@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from ..errors import UnsupportedError
 from ..ir import KernelIR, Op, topo_order
-from . import elementwise, gemm
+from . import elementwise, gemm, row_reduce
 
 # Most specific first.
-MATCHERS = (gemm.match, elementwise.match)
+MATCHERS = (gemm.match, row_reduce.match, elementwise.match)
 
 
 def classify(kir: KernelIR):

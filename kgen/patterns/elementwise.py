@@ -137,7 +137,9 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     return ElementwisePlan(
         name=kir.name, host=host(kir), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes),
-        flat=rank > 0 and all(op.full for op in inputs), blocks=blocks, autotune=autotune)
+        # no flat path when every axis has size 1: there are no offsets to take
+        flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,
+        blocks=blocks, autotune=autotune)
 
 
 def _operand(name, shape, out_shape, load="", store="") -> Operand:

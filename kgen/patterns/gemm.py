@@ -3,27 +3,41 @@
 One matmul ``A @ B`` (2-D, or 3-D with torch's batch broadcasting) whose result
 feeds any pointwise DAG: the epilogue runs on the f32 accumulator, reads scalars
 and extra tensors that broadcast to the output (bias ``[N]``, row scale ``[M, 1]``,
-residual ``[M, N]``), and each output is stored once.  Each program computes one
-``BLOCK_M x BLOCK_N`` tile; programs are ordered in groups of ``GROUP_M`` tile rows
-so that consecutive programs reuse tiles of A and B from L2.  Rows of A and
-columns of B past the edge wrap around (``% M``, ``% N``) so that the K loop masks
-only K; the epilogue and the store mask M and N.  Strides are runtime arguments,
-so transposed or sliced operands need no copy; Triton specializes unit strides.
+residual ``[M, N]``), and each output is stored once.
+
+Two kernels, one epilogue:
+
+- **tiled** (every GPU, the interpreter): one ``BLOCK_M x BLOCK_N`` tile per program;
+  programs ordered in groups of ``GROUP_M`` tile rows so that programs running together
+  reuse rows of A and columns of B from L2.  Rows of A and columns of B past the edge
+  wrap around (``% M``, ``% N``) so the K loop masks only K (and nothing when
+  ``EVEN_K``); the store masks M and N.  Strides are runtime arguments, so transposed,
+  sliced or broadcast operands need no copy (Triton specializes unit strides).  A
+  batch index comes from the program id; offsets turn int64 past 2**31 elements.
+- **persistent + TMA** (config ``"TMA": True``; 2-D, 16-bit operands read as they
+  are): ``NUM_SMS`` programs walk the tiles in the same grouped order (tutorial 09)
+  and load A and B through TMA descriptors (row- or column-major, zero-padded at the
+  edges).  The host falls back to the tiled kernel, same tiles, where TMA cannot
+  address the operands (unaligned rows, no contiguous axis, K = 0) or the GPU has
+  none (before Hopper).  It joins the autotuning candidates; it never is the default.
 
 A pointwise *prologue* on an operand (``f16(A) @ B``, ``relu(A) @ B``) runs on each
 tile inside the K loop when it reads one tensor of the operand's shape (plus
-scalars); past K, tiles are zeroed again after it.
+scalars); a 16-bit operand is rounded after it, and past K the tile is zeroed again.
+Anything else around the matmul is an ``UnsupportedError`` at its span.
 
-f32 operands use TF32 tensor cores by default, as ``torch.backends.cuda.matmul.
-allow_tf32 = True`` would; a schedule's ``input_precision = ieee`` asks for exact
-f32 products (``tf32x3`` is the middle ground).
+f32 operands use TF32 tensor cores by default (``input_precision="tf32"``, as with
+``torch.backends.cuda.matmul.allow_tf32 = True``); a schedule's ``input_precision =
+ieee`` asks for exact f32 products, ``tf32x3`` for the middle ground.  16-bit
+operands always accumulate in f32.
 
 Tuning (see ``kgen/autotune.py``): the generated host function takes an optional
-``config`` (a dict of ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``)
-and otherwise picks one by a heuristic printed in the module, so the module stays
-standalone.  kgen's ``Kernel`` times the candidate configs (``<kernel>_configs`` in
-the module: the schedule's, or ``CANDIDATES_16`` / ``CANDIDATES_32`` below) on the
-first call per problem key and keeps the winner on disk.
+``config`` (``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages`` and
+optionally ``TMA``) and otherwise picks one with a heuristic printed in the module,
+so the module stays standalone.  kgen's ``Kernel`` times the candidates
+(``<kernel>_configs`` in the module: the schedule's product, or ``CANDIDATES_16`` /
+``TMA_CANDIDATES_16`` / ``CANDIDATES_32`` below, pruned per problem) on the first
+call per problem key and keeps the winner on disk.
 """
 from __future__ import annotations
 
@@ -32,6 +46,8 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
+import torch
+
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import LEAVES, POINTWISE, KernelIR, Node, Op, topo_order
@@ -39,7 +55,7 @@ from ..lower import CALL, Line, Printer, helpers_for, statement_lines
 from .host import Host, host
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-SCHEDULE_KEYS = CONFIG_KEYS + ("input_precision",)
+SCHEDULE_KEYS = CONFIG_KEYS + ("TMA", "input_precision")
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 # Autotuning candidates, (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
@@ -59,7 +75,18 @@ CANDIDATES_16 = (
     (64, 64, 64, 8, 4, 4),
     (32, 64, 128, 8, 4, 4),
     (16, 64, 128, 8, 4, 4),
+    (16, 32, 128, 8, 4, 4),
     (16, 128, 128, 8, 4, 3),
+)
+# The Hopper variant (``"TMA": True``; 16-bit 2-D operands without a prologue): NUM_SMS
+# persistent programs walk the tiles, TMA loads the operands.  Elsewhere (no TMA on the
+# GPU, operands TMA cannot address) the host runs the tiled kernel with the same tiles.
+TMA_CANDIDATES_16 = (
+    (128, 256, 64, 8, 8, 3),
+    (128, 256, 64, 8, 8, 4),
+    (128, 128, 64, 8, 8, 4),
+    (128, 128, 64, 8, 4, 4),
+    (128, 128, 128, 8, 8, 3),
 )
 # f32 operands (TF32 or IEEE): 4-byte elements, half the K per stage.
 CANDIDATES_32 = (
@@ -71,22 +98,23 @@ CANDIDATES_32 = (
     (16, 64, 64, 8, 4, 4),
 )
 # The config without tuning: the first row whose limit holds, (max M, max M * N, config)
-# (one limit per row; a row with neither is the last).
-# Small M gets skinny tiles; otherwise tiles shrink until the grid has about one
-# program per SM (132 on an H100) or more.
+# (one limit per row; a row with neither is the last).  Small M (decode) gets skinny
+# tiles; otherwise the tiles grow with the output while the grid keeps one to two
+# programs per SM (132 on an H100).  Guesses until measured on the H100.
 HEURISTIC_16 = (
-    (16, None, (16, 64, 128, 8, 4, 4)),
+    (16, None, (16, 32, 128, 8, 4, 4)),
     (32, None, (32, 64, 128, 8, 4, 4)),
     (64, None, (64, 64, 64, 8, 4, 4)),
-    (None, 512 * 512, (64, 64, 64, 8, 4, 4)),
-    (None, 1024 * 1024, (64, 128, 64, 8, 4, 4)),
+    (None, 1 << 19, (64, 64, 64, 8, 4, 4)),
+    (None, 1 << 21, (64, 128, 64, 8, 4, 4)),
+    (None, 1 << 22, (128, 128, 64, 8, 8, 4)),
     (None, None, (128, 256, 64, 8, 8, 3)),
 )
 HEURISTIC_32 = (
     (16, None, (16, 64, 64, 8, 4, 4)),
     (32, None, (32, 64, 64, 8, 4, 4)),
     (64, None, (64, 64, 32, 8, 4, 4)),
-    (None, 1024 * 1024, (64, 128, 32, 8, 4, 4)),
+    (None, 1 << 21, (64, 128, 32, 8, 4, 4)),
     (None, None, (128, 128, 32, 8, 8, 3)),
 )
 # Triton's interpreter (no GPU) runs programs one after another in NumPy: a few
@@ -98,7 +126,8 @@ SCHEDULE_DEFAULTS = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8
 # Names the kernel defines for itself; a spec's names must differ.
 KERNEL_LOCALS = frozenset({
     "M", "N", "K", "k", "pid_b", "num_pid_m", "num_pid_n", "num_pid_in_group", "group_id", "first_pid_m",
-    "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K"})
+    "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K",
+    "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms"})
 
 
 @dataclass(frozen=True)
@@ -119,7 +148,7 @@ class GemmPlan:
     name: str
     host: Host
     signature: str                # the host function's parameters (the shared ones and config=None)
-    summary: str                  # "C[M, N] = A[M, K] @ B[K, N]"
+    summary: str                  # "A[M, K] @ B[K, N] -> C[M, N]"
     pointers: tuple[str, ...]     # kernel arguments: input pointers, scalars, output pointers
     strides: tuple[str, ...]      # kernel arguments: one line of strides per tensor
     batched: bool
@@ -137,6 +166,11 @@ class GemmPlan:
     tensors: tuple[str, ...]      # every tensor the kernel touches (for the int64 test)
     configs: tuple[str, ...]      # candidate configs, printed as dict literals
     heuristic: tuple[tuple[str, str], ...]   # (condition or "", config) rows; the last has no condition
+    tma: bool                     # the module has the Hopper variant (persistent, TMA loads)
+    tma_pointers: tuple[str, ...] # its arguments: descriptors, scalars, epilogue tensors, outputs
+    tma_strides: tuple[str, ...]
+    tma_launch: tuple[str, ...]
+    operands: tuple[str, str]     # the tensors A and B are read from
     interpreter: str              # the config on Triton's interpreter
     scheduled: bool               # the candidates come from the spec's schedule
     tuning: Tuning
@@ -150,8 +184,10 @@ def match(kir: KernelIR) -> GemmPlan | None:
     if not matmuls or any(p.is_list for p in kir.params):
         return None       # not a GEMM, or a grouped one (list parameters)
     if len(matmuls) > 1:
-        raise UnsupportedError("a GEMM kernel computes one matmul; this is a second one "
-                               "(split the spec into two kernels)", matmuls[1].span)
+        first, second = matmuls[:2]
+        same = all(x is y for x, y in zip(first.inputs, second.inputs))
+        hint = ("name it once (P = A @ B) and use P twice" if same else "split the spec into two kernels")
+        raise UnsupportedError(f"a GEMM kernel computes one matmul; this is a second one ({hint})", second.span)
     mm = matmuls[0]
     lhs, rhs = mm.inputs
     under = {id(n) for n in topo_order([mm])}
@@ -254,7 +290,18 @@ def match(kir: KernelIR) -> GemmPlan | None:
     sizes = (str(mm.shape[-2]), str(mm.shape[-1]), str(lhs.shape[-1]))
     launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
         ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
-    candidates, rows, tunable = _schedule(kir, lhs.dtype)
+    # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
+    tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
+    epilogue_tensors = [t for t in tensors if id(kir.nodes[t]) in epilogue_reads]
+    tma_tensors = epilogue_tensors + outputs
+    tma_pointers = (f"{a_name}_desc", f"{b_name}_desc") + tuple(scalars) + tuple(f"{t}_ptr" for t in tma_tensors)
+    tma_strides = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tma_tensors
+                        if strides[t])
+    tma_launch = (", ".join([f"{a_name}_desc", f"{b_name}_desc"] + scalars + tma_tensors), ", ".join(sizes)) + \
+        tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tma_tensors if strides[t])
+    if tma:
+        _check_derived(kir, [f"{a_name}_desc", f"{b_name}_desc"])
+    candidates, rows, tunable = _schedule(kir, lhs.dtype, tma)
     h = host(kir)
     summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
                f"{', '.join(outputs)}{_shape(out_shape)}")
@@ -266,10 +313,12 @@ def match(kir: KernelIR) -> GemmPlan | None:
         helpers=helpers_for(nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=launch, tensors=tuple(tensors + outputs),
         configs=tuple(_config_text(c) for c in candidates),
-        heuristic=tuple((_condition(m, mn), _config_text(c)) for m, mn, c in rows),
-        interpreter=_config_text(INTERPRETER_CONFIG), scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
-        tuning=Tuning(tuple(dict(zip(CONFIG_KEYS, c)) for c in candidates) if tunable else (),
-                      partial(prune, lhs=a_name, rhs=b_name)))
+        heuristic=tuple((_condition(m, mn), _config_text(_config(c))) for m, mn, c in rows),
+        tma=any(c.get("TMA") for c in candidates), tma_pointers=tma_pointers, tma_strides=tma_strides,
+        tma_launch=tma_launch,
+        operands=(a_name, b_name), interpreter=_config_text(_config(INTERPRETER_CONFIG)),
+        scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
 
 
 # --- operands -------------------------------------------------------------------
@@ -307,7 +356,7 @@ def _with_prologue(tile: Tile, operand: Node, source: Node, names: dict, kir: Ke
     if operand is source:
         return tile
     loaded = tile.tile + _load_cast(source.dtype)
-    printer = Printer({**{k: v for k, v in names.items()}, id(source): loaded})
+    printer = Printer({**names, id(source): loaded})
     if operand.op is Op.CAST and operand.arg.bits < 32:   # f16(relu(A)): round once, on the result
         text, prec = printer.expr(operand.inputs[0])
         text = f"({text})" if prec < CALL else text
@@ -395,7 +444,12 @@ def _precision(kir: KernelIR, dtype) -> str:
     return values[0] if dtype.bits == 32 else ""
 
 
-def _schedule(kir: KernelIR, dtype):
+def _config(values, tma=False) -> dict:
+    config = dict(zip(CONFIG_KEYS, values))
+    return {**config, "TMA": True} if tma else config
+
+
+def _schedule(kir: KernelIR, dtype, tma: bool):
     """(candidates, heuristic rows, tunable): the spec's schedule, or kgen's defaults."""
     unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
     if unknown:
@@ -404,8 +458,15 @@ def _schedule(kir: KernelIR, dtype):
     wide = dtype.bits == 32
     rows = HEURISTIC_32 if wide else HEURISTIC_16
     given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
+    variants = kir.schedule.get("TMA", (0, 1) if tma and not given else (0,))
+    if any(v not in (0, 1) for v in variants):
+        raise SpecError(f"TMA takes 0 or 1, got {', '.join(map(str, variants))}", kir.span)
+    if 1 in variants and not tma:
+        raise SpecError("TMA = 1 needs 2-D 16-bit operands read as they are (no batch, no prologue)", kir.span)
     if not given:
-        return (CANDIDATES_32 if wide else CANDIDATES_16), rows, True
+        candidates = [_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)] if 0 in variants else []
+        candidates += [_config(c, tma=True) for c in TMA_CANDIDATES_16] if 1 in variants else []
+        return tuple(candidates), rows, True
     for key, values in given.items():
         for v in values:
             if not isinstance(v, int) or v <= 0:
@@ -416,7 +477,7 @@ def _schedule(kir: KernelIR, dtype):
             if key in ("GROUP_M", "num_warps") and v & (v - 1):
                 raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
-    candidates = tuple(itertools.product(*lists))
+    candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
     constrained = []
     for m, mn, config in rows:
         config = tuple(_closest(v, lists[i]) for i, v in enumerate(config))
@@ -435,8 +496,8 @@ def _closest(value: int, allowed) -> int:
     return min(allowed, key=lambda v: (abs(math.log2(v) - math.log2(value)), v))
 
 
-def _config_text(config) -> str:
-    return "{" + ", ".join(f'"{k}": {v}' for k, v in zip(CONFIG_KEYS, config)) + "}"
+def _config_text(config: dict) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in config.items()) + "}"
 
 
 def _condition(max_m, max_mn) -> str:
@@ -447,10 +508,24 @@ def _condition(max_m, max_mn) -> str:
 
 def prune(configs, bound: dict, lhs: str, rhs: str):
     """The candidates worth timing for one problem: tiles no larger than the problem
-    (rounded up to a power of two, at least 16) on each axis."""
+    (rounded up to a power of two, at least 16) on each axis, and TMA configs only
+    where the GPU has TMA and the operands are ones it can address."""
     a, b = bound[lhs], bound[rhs]
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
+    tma = all(_tma_addressable(t) for t in (a, b)) and \
+        (not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9)
     kept = [c for c in configs
-            if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)]
-    return kept or [min(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+            if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
+            and (tma or not c.get("TMA"))]
+    return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+
+
+def _tma_addressable(t) -> bool:
+    """What the generated ``_tma_descriptor`` accepts: 2-D, rows or columns contiguous, 16-byte aligned."""
+    if t.dim() != 2 or 0 in t.shape:
+        return False
+    for rows, cols in ((0, 1), (1, 0)):
+        if t.stride(cols) == 1:
+            return t.data_ptr() % 16 == 0 and t.stride(rows) * t.element_size() % 16 == 0
+    return False

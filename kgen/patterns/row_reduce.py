@@ -1,0 +1,558 @@
+"""Row reduction: softmax, log-softmax, layernorm, rmsnorm, and any spec whose
+reductions (``sum max min mean``) run along the last axis, with pointwise code
+before, between and after them.
+
+The row space.  Every reduction reduces the last axis of one row shape
+``[L0, ..., N]``; the leading axes are flattened into ``n_rows`` rows (row ``r``
+is split back into coordinates, so a strided or permuted tensor needs no copy,
+and each operand brings its own strides, the column stride included).  A value
+varies along the row (last dim ``N``: ``X``, ``W: [N]``) or is one per row (last
+dim 1: a reduction's result, ``eps``, an input of shape ``[M, 1]``).  Outputs
+have the rows' shape: ``[M, N]`` or ``[M, 1]`` (layernorm's ``mu`` and ``rstd``).
+
+Two kernels per spec; the host picks one per call from ``n_cols``:
+
+* **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
+  ``MAX_BLOCK_N``.  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
+  several for narrow ones (``BLOCK_ROWS = TILE // BLOCK_N``), so that a program
+  always has a useful amount of work.  Programs are persistent: as many as fit on
+  the GPU at once (``launch_rows`` reads the compiled kernel's registers and
+  shared memory), each walking tiles in a grid-stride ``tl.range`` loop with
+  ``num_stages`` so the next tile's loads overlap this tile's math.  Operands
+  that vary only along the row (a weight, a bias) are loaded once per program.
+  Reductions are ``tl.sum``/``tl.reduce`` over axis 1 with ``keep_dims``, so
+  per-row values are ``[BLOCK_ROWS, 1]`` and broadcast as in the spec.
+* **looped** (``<name>_looped_kernel``), for wider rows: each tile of rows is
+  swept in chunks of ``CHUNK_N`` columns, once per *level* of reductions (a
+  reduction's level is one more than the deepest reduction it depends on) and
+  once more for the row outputs; each sweep re-reads its inputs and recomputes
+  the pointwise code it needs (the re-reads of a row mostly hit L2).  Sums keep
+  a ``[BLOCK_ROWS, BLOCK_N]`` accumulator reduced once after the loop.  The
+  one-pass special case is **online softmax**: a ``sum`` (or ``mean``) of
+  ``exp(a - m)`` with ``m = max(a)`` is found in the IR and computed in the same
+  sweep as ``m``, keeping a running max and rescaling the running sum whenever
+  the max grows; softmax and log-softmax then read the row twice, not three
+  times.  Mean and variance (layernorm) are two-pass: the mean in one sweep,
+  ``mean((X - mu) ** 2)`` in the next, which is exact where the one-pass
+  ``E[x^2] - E[x]^2`` cancels.
+
+Numerics: 16-bit inputs are computed in f32 and rounded on store.  Masked lanes
+never reach a reduction: each reduction's operand goes through
+``tl.where(mask, x, identity)`` (so pointwise code on padding, ``-X`` or
+``log(X)``, cannot leak), max and min propagate NaN as torch does
+(``max_combine``), and online softmax shifts by 0 while the running max is still
+``-inf``, so an all ``-inf`` prefix adds 0 instead of NaN (an all ``-inf`` row
+gives NaN, as torch does).  A reduction over an axis of size 1 is its input: it
+is dropped, and a kernel left without reductions is elementwise.
+
+Knobs (the thresholds are module constants, to be tuned on a GPU):
+
+* schedule ``BLOCK_N = b``: the widest row kept on chip and the chunk of the
+  looped kernel (rows wider than ``b`` loop in chunks of ``b``); ``BLOCK_ROWS``,
+  ``num_warps`` and ``num_stages`` fix those choices.  One value per key.
+* environment ``KGEN_FORCE_CHUNK=b`` at generation time: as ``BLOCK_N = b`` for
+  every row-reduction kernel (it changes the generated source, so ``kgen build
+  --check`` reports files built without it as stale).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from ..check import _source
+from ..errors import KgenError, SpecError, UnsupportedError
+from ..ir import REDUCTIONS, Dim, KernelIR, Node, Op, Shape, topo_order, type_str
+from ..lower import HELPERS, Line, Printer, helpers_for, live_nodes, statement_lines
+from . import elementwise
+from .host import Host, host
+
+# Tuning (to be measured on the GPU; see README: Performance).
+MAX_BLOCK_N = 16384         # widest row (next power of two) kept on chip; wider rows loop
+CHUNK_N = 4096              # columns per chunk of the looped kernel
+TILE = 4096                 # elements per tile for narrow rows: BLOCK_ROWS = TILE // BLOCK_N
+WARPS = ((2048, 4), (8192, 8), (None, 16))   # (tile elements up to, num_warps)
+ON_CHIP_STAGES = 2          # tl.range num_stages of the persistent row loop
+LOOPED_STAGES = 2           # ... and of the looped kernel's column loops
+SCHEDULE_KEYS = ("BLOCK_N", "BLOCK_ROWS", "num_warps", "num_stages")
+FORCE_CHUNK = "KGEN_FORCE_CHUNK"
+
+NEG_INF, POS_INF = 'float("-inf")', 'float("inf")'
+I32_MIN, I32_MAX = "-2147483648", "2147483647"
+# Names the kernels define themselves; reductions' and accumulators' names avoid them.
+_LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
+                     "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64"})
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor the kernel loads or stores, and how it is addressed."""
+
+    name: str
+    rows: tuple[tuple[str, int], ...]   # (row coordinate, operand axis) for each leading axis it varies along
+    col: int | None                     # its axis along the row, None when constant along the row
+    cast: str                           # ".to(tl.float32)" on load, ".to(tl.float16)" on store, or ""
+    other: str                          # a masked lane's value on load
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(axis for _, axis in self.rows) + (() if self.col is None else (self.col,))
+
+    @property
+    def mask(self) -> str:
+        return {(True, True): "mask", (True, False): "row_mask", (False, True): "col_mask"}.get(
+            (bool(self.rows), self.col is not None), "")
+
+    def offsets(self, store: bool = False) -> str:
+        terms = [f"{coord} * {self.name}_stride{axis}" for coord, axis in self.rows]
+        if store and not self.rows:
+            # an output with no leading axis to vary along has one row (row 0): `row` keeps
+            # the pointer a [BLOCK_ROWS, 1] block, as the stored value is
+            terms.append("row")
+        if self.col is not None:
+            terms.append(f"col * {self.name}_stride{self.col}")
+        return " + ".join(terms)
+
+    def load(self) -> str:
+        offsets = self.offsets()
+        if not offsets:
+            return f"{self.name} = tl.load({self.name}_ptr){self.cast}"
+        return f"{self.name} = tl.load({self.name}_ptr + {offsets}, mask={self.mask}, other={self.other}){self.cast}"
+
+    def store(self) -> str:
+        mask = "mask" if self.col is not None else "row_mask"
+        return f"tl.store({self.name}_ptr + {self.offsets(store=True)}, {self.name}{self.cast}, mask={mask})"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One pass of the looped kernel over a tile's column chunks."""
+
+    before: tuple[Line, ...]    # per-row statements and accumulators, once per tile
+    loads: tuple[str, ...]      # in the column loop
+    body: tuple[Line, ...]
+    stores: tuple[str, ...]
+    after: tuple[Line, ...]     # reductions' final values, per-row stores
+
+    @property
+    def loop(self) -> bool:
+        return bool(self.loads or self.body or self.stores)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Host expressions that choose the kernel and its tile per call."""
+
+    max_block: int          # widest BLOCK_N kept on chip
+    chunk: int              # BLOCK_N of the looped kernel
+    rows: str               # BLOCK_ROWS, rows on chip
+    looped_rows: str        # BLOCK_ROWS, looped
+    stages: int
+    looped_stages: int
+    warps: str
+
+
+@dataclass(frozen=True)
+class RowReducePlan:
+    name: str
+    host: Host
+    helpers: tuple[str, ...]
+    pointers: tuple[str, ...]           # input pointers, scalars, output pointers
+    pointer_values: tuple[str, ...]     # ... and what the host passes for them
+    sizes: tuple[str, ...]              # kernel size arguments: n_rows, n_cols, size1, ...
+    size_values: tuple[str, ...]        # ... and their host expressions
+    strides: tuple[str, ...]            # kernel stride arguments
+    stride_values: tuple[str, ...]      # ... and their host expressions
+    tensors: tuple[str, ...]            # every tensor operand, for the int64 test
+    rows: str                           # host expressions: the number of rows ...
+    cols: str                           # ... and their length
+    coordinates: tuple[str, ...]        # row -> idx0, idx1, ... (rank > 2)
+    hoisted: tuple[str, ...]            # rows on chip: loads before the row loop
+    tile_loads: tuple[str, ...]         # ... loads per tile
+    body: tuple[Line, ...]
+    stores: tuple[str, ...]
+    looped_hoisted: tuple[str, ...]     # looped: loads before the row loop
+    looped_tile_loads: tuple[str, ...]  # ... per tile (per-row operands)
+    sweeps: tuple[Sweep, ...]
+    tiling: Tiling
+    pattern: str = "row_reduce"
+    template: str = "row_reduce.jinja"
+
+
+def match(kir: KernelIR):
+    nodes = topo_order(o.node for o in kir.outputs)
+    if (not any(n.op in REDUCTIONS for n in nodes) or any(n.op is Op.MATMUL for n in nodes)
+            or any(p.is_list for p in kir.params)):
+        return None
+    kir = _drop_unit_reductions(kir)
+    nodes = topo_order(o.node for o in kir.outputs)
+    reductions = [n for n in nodes if n.op in REDUCTIONS]
+    if not reductions:
+        return elementwise.match(kir)
+    for r in reductions:
+        x = r.inputs[0]
+        if r.arg != len(x.shape) - 1:
+            raise UnsupportedError(f"{r.op.value} over axis {r.arg} of {type_str(x.dtype, x.shape)}: only reductions "
+                                   f"over the last axis (axis=-1) are supported; pass a transposed view instead",
+                                   r.span)
+    lead, width = _row_space(kir, nodes, reductions)
+    return _Planner(kir, nodes, reductions, lead, width).plan()
+
+
+def _drop_unit_reductions(kir: KernelIR) -> KernelIR:
+    """A reduction over an axis of size 1 is its input (a headerless call specializes
+    size-1 axes to 1): rebuild the graph without them."""
+    new: dict[int, Node] = {}
+
+    def get(n: Node) -> Node:
+        return new.get(id(n), n)
+
+    roots = [s.node for s in kir.stmts] + [o.node for o in kir.outputs]
+    for n in topo_order(roots):
+        if n.op in REDUCTIONS and n.inputs[0].shape[n.arg] == 1:
+            new[id(n)] = get(n.inputs[0])
+        elif any(id(i) in new for i in n.inputs):
+            new[id(n)] = Node(n.op, n.dtype, n.shape, tuple(get(i) for i in n.inputs), n.arg, n.span)
+    if not new:
+        return kir
+    return replace(kir, stmts=tuple(replace(s, node=get(s.node)) for s in kir.stmts),
+                   outputs=tuple(replace(o, node=get(o.node)) for o in kir.outputs))
+
+
+def _row_space(kir: KernelIR, nodes: list[Node], reductions: list[Node]) -> tuple[Shape, Dim]:
+    """(leading dims, row length N): every value must fit [leading..., N] by broadcasting,
+    and every output must be [leading..., N] or [leading..., 1]."""
+    width = reductions[0].inputs[0].shape[-1]
+    for r in reductions[1:]:
+        if r.inputs[0].shape[-1] != width:
+            raise UnsupportedError(f"this reduces rows of length {r.inputs[0].shape[-1]}, another reduction rows of "
+                                   f"length {width}: one kernel reduces rows of one length", r.span)
+    rank = max(len(n.shape) for n in nodes)
+    lead: list[Dim] = [1] * (rank - 1)
+    for n in nodes:
+        if not n.shape:
+            continue
+        if n.shape[-1] not in (1, width):
+            raise UnsupportedError(f"this value is {type_str(n.dtype, n.shape)}, but the rows being reduced have "
+                                   f"{width} columns", n.span)
+        padded = (1,) * (rank - len(n.shape)) + tuple(n.shape)
+        for axis, d in enumerate(padded[:-1]):
+            if d != 1 and lead[axis] == 1:
+                lead[axis] = d
+            elif d != 1 and d != lead[axis]:
+                raise UnsupportedError(f"this value is {type_str(n.dtype, n.shape)}, but the rows being reduced are "
+                                       f"indexed by [{', '.join(map(str, lead))}]", n.span)
+    for o in kir.outputs:
+        shape = tuple(o.node.shape)
+        if len(shape) != rank or list(shape[:-1]) != lead:
+            rows = ", ".join(map(str, lead))
+            raise UnsupportedError(f"output '{o.name}' is {type_str(o.node.dtype, shape)}: the outputs of a row "
+                                   f"reduction are [{rows}{', ' if rows else ''}{width}] or "
+                                   f"[{rows}{', ' if rows else ''}1]", o.span)
+    return tuple(lead), width
+
+
+def _same(a: Node, b: Node) -> bool:
+    """The same value: one node, or the same op on the same operands."""
+    if a is b:
+        return True
+    return (a.op is b.op and a.arg == b.arg and a.dtype is b.dtype and a.shape == b.shape
+            and a.op not in (Op.INPUT, Op.SCALAR) and len(a.inputs) == len(b.inputs)
+            and all(_same(x, y) for x, y in zip(a.inputs, b.inputs)))
+
+
+def online_partner(r: Node) -> Node | None:
+    """For ``sum(exp(a - m))`` or ``mean(...)`` with ``m = max(a)``: ``m``.  Such a sum can
+    run in the same sweep as its max (online softmax)."""
+    if r.op not in (Op.SUM, Op.MEAN) or r.inputs[0].op is not Op.EXP:
+        return None
+    shifted = r.inputs[0].inputs[0]
+    if shifted.op is not Op.SUB:
+        return None
+    a, m = shifted.inputs
+    if m.op is Op.MAX and a.dtype.is_float and _same(m.inputs[0], a):
+        return m
+    return None
+
+
+class _Planner:
+    def __init__(self, kir: KernelIR, nodes: list[Node], reductions: list[Node], lead: Shape, width: Dim):
+        self.kir, self.nodes, self.reductions = kir, nodes, reductions
+        self.lead, self.width = lead, width
+        self.stmt_of: dict[int, str] = {}
+        for s in kir.stmts:
+            self.stmt_of.setdefault(id(s.node), s.name)
+        self.source_of = {s.name: s.source for s in kir.stmts}
+        self.taken = set(_LOCALS) | set(HELPERS) | {p.name for p in kir.params} | {s.name for s in kir.stmts}
+        self.taken |= {f"idx{a}" for a in range(len(lead))} | {f"size{a}" for a in range(len(lead))}
+        self.computed = {s.name: s.node for s in kir.stmts}
+
+    # --- names --------------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def coordinate(self, axis: int) -> str:
+        return "row" if len(self.lead) == 1 else f"idx{axis}"
+
+    def varies(self, n: Node) -> bool:
+        """Varies along the row (as opposed to one value per row, or per kernel)."""
+        return bool(n.shape) and n.shape[-1] == self.width
+
+    # --- the plan -------------------------------------------------------------------
+    def plan(self) -> RowReducePlan:
+        kir = self.kir
+        used = {id(n) for n in self.nodes}
+        inputs = [self.operand(p.name, p.shape, _load_cast(p.dtype), "0.0" if p.dtype.is_float else "0")
+                  for p in kir.params if not p.is_scalar and id(kir.nodes[p.name]) in used]
+        scalars = [p.name for p in kir.params if p.is_scalar and id(kir.nodes[p.name]) in used]
+        outputs = [self.operand(o.name, o.node.shape, _store_cast(self.computed[o.name].dtype, o.node.dtype), "")
+                   for o in kir.outputs]
+        names = {id(kir.nodes[p.name]): p.name for p in kir.params if id(kir.nodes[p.name]) in used}
+        for r in self.reductions:
+            names[id(r)] = self.stmt_of.get(id(r)) or self.fresh(self.reduction_name(r))
+        operands = inputs + outputs
+        lead_sizes = [f"size{a}" for a in range(1, len(self.lead))]
+        nodes_of = {o.name: kir.nodes[o.name] for o in inputs}
+        row_loaded = [o for o in inputs if o.rows and o.col is None]
+        uniform = [o for o in inputs if not o.rows and o.col is None]
+        single_hoisted = [o.load() for o in inputs if not o.rows]
+        body = self.on_chip_body(dict(names))
+        sweeps = self.sweeps(dict(names), {id(nodes_of[o.name]): o for o in inputs if o.col is not None}, outputs)
+        helpers = list(helpers_for(self.nodes))
+        if any(r.op is Op.MAX and r.dtype.is_float for r in self.reductions):
+            helpers.append("max_combine")
+        if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
+            helpers.append("min_combine")
+        return RowReducePlan(
+            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("launch_rows",),
+            pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
+            pointer_values=tuple(o.name for o in inputs) + tuple(scalars) + tuple(o.name for o in outputs),
+            sizes=("n_rows", "n_cols", *lead_sizes),
+            size_values=("n_rows", "n_cols", *(str(self.lead[a]) for a in range(1, len(self.lead)))),
+            strides=tuple(f"{o.name}_stride{axis}" for o in operands for axis in o.strides),
+            stride_values=tuple(f"{o.name}.stride({axis})" for o in operands for axis in o.strides),
+            tensors=tuple(o.name for o in operands),
+            rows=" * ".join(str(d) for d in self.lead) or "1", cols=str(self.width),
+            coordinates=_coordinates(len(self.lead)),
+            hoisted=tuple(single_hoisted),
+            tile_loads=tuple(o.load() for o in inputs if o.rows),
+            body=tuple(body),
+            stores=tuple(o.store() for o in outputs),
+            looped_hoisted=tuple(o.load() for o in uniform),
+            looped_tile_loads=tuple(o.load() for o in row_loaded),
+            sweeps=tuple(sweeps),
+            tiling=_tiling(kir),
+        )
+
+    def operand(self, name: str, shape: Shape, cast: str, other: str) -> Operand:
+        offset = len(self.lead) + 1 - len(shape)
+        rows = tuple((self.coordinate(offset + axis), axis) for axis, d in enumerate(shape[:-1]) if d != 1)
+        col = len(shape) - 1 if shape and shape[-1] == self.width else None
+        return Operand(name, rows, col, cast, other)
+
+    def reduction_name(self, r: Node) -> str:
+        x = r.inputs[0]
+        named = self.stmt_of.get(id(x)) or (x.arg if x.op is Op.INPUT else None)
+        return f"{r.op.value}_{named}" if named else f"row_{r.op.value}"
+
+    def comment(self, r: Node) -> str:
+        name = self.stmt_of.get(id(r))
+        return self.source_of[name] if name else _source(self.kir.text, r.span)
+
+    # --- rows on chip ---------------------------------------------------------------
+    def on_chip_body(self, names: dict[int, str]) -> list[Line]:
+        """Statements in spec order, each reduction computed just before its first use."""
+        lines: list[Line] = []
+        for r in self.reductions:
+            lines += statement_lines(self.kir, [r.inputs[0]], names)
+            x = Printer(names).expr(r.inputs[0])[0]
+            lines.append(Line(self.comment(r), (f"{names[id(r)]} = {_reduce(r, x)}",)))
+        lines += statement_lines(self.kir, [self.computed[o.name] for o in self.kir.outputs], names)
+        return lines
+
+    # --- looped -----------------------------------------------------------------------
+    def levels(self) -> dict[int, int]:
+        """Sweep of each reduction: 1 + the deepest reduction it needs; an online sum
+        shares its max's sweep."""
+        level: dict[int, int] = {}
+        for n in self.nodes:
+            base = max((level[id(i)] for i in n.inputs), default=0)
+            partner = online_partner(n)
+            level[id(n)] = level[id(partner)] if partner is not None else base + (n.op in REDUCTIONS)
+        return level
+
+    def sweeps(self, names: dict[int, str], chunked: dict[int, Operand], outputs: list[Operand]) -> list[Sweep]:
+        """One sweep per level of reductions, then one for the outputs; ``names`` holds
+        what every sweep can read (per-row values), each loop adds its own locals."""
+        level = self.levels()
+        sweeps = []
+        for k in sorted({level[id(r)] for r in self.reductions}):
+            group = [r for r in self.reductions if level[id(r)] == k]
+            online = {id(r): online_partner(r) for r in group if online_partner(r) is not None}
+            maxes = [m for m in group if any(p is m for p in online.values())]
+            roots = [r.inputs[0] for r in group if id(r) not in online and r not in maxes]
+            roots += [m.inputs[0] for m in maxes]
+            before = self.per_row_lines(roots, names)
+            loads, inner = self.loads(roots, names, chunked)
+            body = statement_lines(self.kir, roots, inner)
+            printer = Printer(inner)
+            after: list[Line] = []
+            for r in group:
+                if id(r) in online or r in maxes:
+                    continue
+                init, update, final = self.accumulate(r, names[id(r)], printer.expr(r.inputs[0])[0])
+                partials = "partial sums" if r.op in (Op.SUM, Op.MEAN) else f"partial {r.op.value}ima"
+                before.append(Line(f"{self.comment(r)}: {partials} per lane, a chunk at a time", (init,)))
+                body.append(Line(self.comment(r), (update,)))
+                after.append(Line(f"{self.comment(r)}: the lanes' {partials} combined", (final,)))
+            for m in maxes:
+                sums = [r for r in group if online.get(id(r)) is m]
+                init, update, final = self.online(m, sums, names, printer.expr(m.inputs[0])[0])
+                what = f"{self.comment(m)}; {'; '.join(self.comment(s) for s in sums)}"
+                before.append(Line(f"{what} -- online, in one sweep", init))
+                body.append(Line("the running max, and the sums rescaled to it (shifted by 0 while it is -inf)",
+                                 update))
+                if final:
+                    after.append(Line(what, final))
+            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), tuple(after)))
+        row_out = [o for o in outputs if o.col is not None]
+        per_row_out = [o for o in outputs if o.col is None]
+        roots = [self.computed[o.name] for o in row_out]
+        before = self.per_row_lines([self.computed[o.name] for o in per_row_out] + roots, names,
+                                    also=[self.computed[o.name] for o in per_row_out])
+        loads, inner = self.loads(roots, names, chunked)
+        body = statement_lines(self.kir, roots, inner) if roots else []
+        after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
+        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), tuple(o.store() for o in row_out),
+                            tuple(after)))
+        return sweeps
+
+    def per_row_lines(self, roots, names: dict[int, str], also=()) -> list[Line]:
+        """Statements of one value per row that ``roots`` need (and ``also``): computed once
+        per tile, before the sweep's loop, and readable in every later sweep."""
+        wanted = [n for n in live_nodes(roots, names)
+                  if id(n) in self.stmt_of and not self.varies(n) and id(n) not in names]
+        return statement_lines(self.kir, wanted + list(also), names)
+
+    def loads(self, roots, names: dict[int, str], chunked: dict[int, Operand]) -> tuple[list[str], dict[int, str]]:
+        """The chunk loads ``roots`` need, and the names the loop body sees."""
+        inner = dict(names)
+        loads = []
+        for n in live_nodes(roots, names):
+            if id(n) in chunked and n.op is Op.INPUT:
+                loads.append(chunked[id(n)].load())
+        return loads, inner
+
+    def accumulate(self, r: Node, name: str, x: str) -> tuple[str, str, str]:
+        """(init, update, final) of a reduction over chunks: lane-wise partials in a
+        [BLOCK_ROWS, BLOCK_N] accumulator, reduced across lanes once after the loop."""
+        acc = self.fresh(f"{name}_acc")
+        dtype = r.dtype.compute.triton
+        tile = "[BLOCK_ROWS, BLOCK_N]"
+        if r.op in (Op.SUM, Op.MEAN):
+            mean = " / n_cols" if r.op is Op.MEAN else ""
+            return (f"{acc} = tl.zeros({tile}, {dtype})", f"{acc} = {acc} + tl.where(mask, {x}, 0.0)",
+                    f"{name} = tl.sum({acc}, axis=1, keep_dims=True){mean}")
+        fn = "maximum" if r.op is Op.MAX else "minimum"
+        if r.dtype.is_float:
+            identity = NEG_INF if r.op is Op.MAX else POS_INF
+            combine = f"tl.reduce({acc}, 1, {r.op.value}_combine, keep_dims=True)"
+            update = f"tl.{fn}({acc}, tl.where(mask, {x}, {identity}), propagate_nan=tl.PropagateNan.ALL)"
+        else:
+            identity = I32_MIN if r.op is Op.MAX else I32_MAX
+            combine = f"tl.{r.op.value}({acc}, axis=1, keep_dims=True)"
+            update = f"tl.{fn}({acc}, tl.where(mask, {x}, {identity}))"
+        return f"{acc} = tl.full({tile}, {identity}, {dtype})", f"{acc} = {update}", f"{name} = {combine}"
+
+    def online(self, m: Node, sums: list[Node], names: dict[int, str], a: str):
+        """Online softmax: ``m`` is the running max of ``a``; each sum of ``exp(a - m)`` is
+        kept relative to it and rescaled by ``exp(m_old - m_new)`` when it grows.  While
+        ``m`` is still -inf the shift is 0, so exp never sees -inf - (-inf)."""
+        mn = names[id(m)]
+        chunk, grown, shift = self.fresh(f"{mn}_chunk"), self.fresh(f"{mn}_new"), self.fresh(f"{mn}_shift")
+        init = [f"{mn} = tl.full([BLOCK_ROWS, 1], {NEG_INF}, tl.float32)"]
+        init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in sums]
+        update = [f"{chunk} = tl.reduce(tl.where(mask, {a}, {NEG_INF}), 1, max_combine, keep_dims=True)",
+                  f"{grown} = tl.maximum({mn}, {chunk}, propagate_nan=tl.PropagateNan.ALL)",
+                  f"{shift} = tl.where({grown} == {NEG_INF}, 0.0, {grown})"]
+        update += [f"{names[id(s)]} = {names[id(s)]} * tl.exp({mn} - {shift}) + "
+                   f"tl.sum(tl.where(mask, tl.exp({a} - {shift}), 0.0), axis=1, keep_dims=True)" for s in sums]
+        update.append(f"{mn} = {grown}")
+        final = [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
+        return tuple(init), tuple(update), tuple(final)
+
+
+def _reduce(r: Node, x: str) -> str:
+    """A whole-row reduction of ``x`` ([BLOCK_ROWS, BLOCK_N]) to [BLOCK_ROWS, 1]."""
+    if r.op in (Op.SUM, Op.MEAN):
+        return f"tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True)" + (" / n_cols" if r.op is Op.MEAN else "")
+    if r.dtype.is_float:
+        identity = NEG_INF if r.op is Op.MAX else POS_INF
+        return f"tl.reduce(tl.where(mask, {x}, {identity}), 1, {r.op.value}_combine, keep_dims=True)"
+    identity = I32_MIN if r.op is Op.MAX else I32_MAX
+    return f"tl.{r.op.value}(tl.where(mask, {x}, {identity}), axis=1, keep_dims=True)"
+
+
+def _coordinates(lead_rank: int) -> tuple[str, ...]:
+    """Lines that split the row index into leading coordinates (rank > 2 only: a 2-D
+    operand's row coordinate is ``row`` itself)."""
+    if lead_rank <= 1:
+        return ()
+    lines, rest = [], "row"
+    for axis in range(lead_rank - 1, 0, -1):
+        lines.append(f"idx{axis} = {rest} % size{axis}")
+        nxt = "rem" if axis > 1 else "idx0"
+        lines.append(f"{nxt} = {rest} // size{axis}")
+        rest = "rem"
+    return tuple(lines)
+
+
+def _load_cast(dtype) -> str:
+    return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
+
+
+def _store_cast(computed, stored) -> str:
+    """Values are computed in ``computed.compute`` (f32 for 16-bit floats): round on store."""
+    return f".to({stored.triton})" if computed.compute is not stored else ""
+
+
+def _tiling(kir: KernelIR) -> Tiling:
+    values: dict[str, int] = {}
+    for key, candidates in kir.schedule.items():
+        if key not in SCHEDULE_KEYS:
+            raise SpecError(f"row-reduction kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{key}'",
+                            kir.span)
+        if len(candidates) != 1:
+            raise SpecError(f"{key}: a row-reduction kernel takes one value per schedule key (the host picks "
+                            f"the tile per call from the row length), got {len(candidates)}", kir.span)
+        v = candidates[0]
+        if not isinstance(v, int) or v <= 0 or (key != "num_stages" and v & (v - 1)):
+            raise SpecError(f"{key} must be a {'positive integer' if key == 'num_stages' else 'power of two'}, "
+                            f"got {v}", kir.span)
+        values[key] = v
+    forced = os.environ.get(FORCE_CHUNK, "").strip()
+    if forced:
+        if not forced.isdigit() or int(forced) <= 0 or int(forced) & (int(forced) - 1):
+            raise KgenError(f"{FORCE_CHUNK}={forced!r}: expected a power of two (the column chunk of "
+                            f"row reductions)")
+        values["BLOCK_N"] = int(forced)
+    block = values.get("BLOCK_N")
+    rows = values.get("BLOCK_ROWS")
+    fit = "triton.next_power_of_2(n_rows)"
+    warps = values.get("num_warps")
+    if warps is None:
+        *small, (_, last) = WARPS
+        text = str(last)
+        for limit, w in reversed(small):
+            text = f"{w} if BLOCK_ROWS * BLOCK_N <= {limit} else {text}"
+    else:
+        text = str(warps)
+    return Tiling(
+        max_block=block or MAX_BLOCK_N, chunk=block or CHUNK_N,
+        rows=f"min({rows}, {fit})" if rows else f"min(max({TILE} // BLOCK_N, 1), {fit})",
+        looped_rows=f"min({rows}, {fit})" if rows else "1",
+        stages=values.get("num_stages", ON_CHIP_STAGES), looped_stages=values.get("num_stages", LOOPED_STAGES),
+        warps=text)

@@ -1,0 +1,716 @@
+"""The tiled GEMM pattern: `C = epilogue(A @ B)`, against the float64 reference and torch.
+
+Without a GPU the kernels run on Triton's interpreter with its config (32 x 32 x 32
+tiles, GROUP_M = 2), so the sizes drawn here (1, primes, 31 / 32 / 33, 64 / 65, 97)
+cross tile boundaries on every axis.  Tolerances scale with K through |A| @ |B|,
+the bound on what f32 accumulation (or TF32 rounding) can be off by.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from functools import lru_cache
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import kgen
+from kgen import autotune
+from kgen.patterns import gemm
+from kgen.pipeline import generate
+from kgen.reference import evaluate
+
+from conftest import DEVICE, HAS_CUDA
+
+SETTINGS = settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+SIZES = st.sampled_from([1, 2, 3, 7, 13, 16, 31, 32, 33, 47, 64, 65, 97])
+DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
+# Relative error of the stored result, per output dtype (rounding, plus an f16
+# rounding inside the epilogue where the spec casts).
+RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+# Per unit of |A| @ |B|: f32 accumulation on the interpreter / IEEE, TF32 on a GPU.
+# "operand16": a prologue's result rounded to a 16-bit operand (the reference keeps it exact).
+ACC_EPS = {"ieee": 2.0 ** -22, "tf32": 2.0 ** -9, "operand16": 2.0 ** -10}
+
+
+@lru_cache(maxsize=None)
+def compiled(text: str):
+    return kgen.compile(text)
+
+
+def randn(*shape, dtype=torch.float32, transposed=False, scale=1.0):
+    """A tensor of ``shape``; ``transposed`` makes its last two axes column-major (strides only)."""
+    if transposed and len(shape) >= 2:
+        t = torch.randn(*shape[:-2], shape[-1], shape[-2]) * scale
+        return t.to(device=DEVICE, dtype=dtype).transpose(-1, -2)
+    return (torch.randn(*shape) * scale).to(device=DEVICE, dtype=dtype)
+
+
+def bound(a, b):
+    """|a| @ |b| in float64: what an element of a @ b can be off by, per unit of eps."""
+    return a.double().abs() @ b.double().abs()
+
+
+def assert_close(got, want, err_bound, precision="ieee", factor=1.0):
+    """|got - want| <= rtol * |want| + eps * (|A| @ |B|) * factor (+ a denormal floor)."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    want = want.double()
+    diff = (got.double() - want).abs()
+    tol = RTOL[got.dtype] * want.abs() + ACC_EPS[precision] * err_bound * factor + 1e-6
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got.double()), finite), "non-finite values differ"
+    bad = (diff > tol) & finite
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} elements off; worst {diff[finite].max().item():.3g}, "
+                           f"at {bad.nonzero()[0].tolist()}: got {got.double()[bad][0].item()}, "
+                           f"want {want[bad][0].item()}")
+
+
+def check(text, *args, factor=1.0, precision="ieee", a=0, b=1):
+    """Run a headerless spec and compare every output with the float64 reference."""
+    k = compiled(text)
+    got = k(*args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = evaluate(k.ir, dict(zip(k.inputs, args)))
+    assert k.pattern == "gemm"
+    err = bound(args[a], args[b])
+    for g, w in zip(got, want):
+        assert_close(g, w, err, precision, factor)
+    return got
+
+
+# --- the headline kernels, against torch -----------------------------------------------------
+
+def test_leaky_relu_of_matmul_matches_torch():
+    k = compiled("C = leaky_relu(A @ B)")
+    a, b = randn(65, 47, dtype=torch.float16), randn(47, 33, dtype=torch.float16)
+    c = k(a, b)
+    assert c.dtype == torch.float16 and c.shape == (65, 33)
+    assert_close(c, F.leaky_relu(a.float() @ b.float(), 0.01), bound(a, b))
+
+
+def test_linear_gelu_matches_torch():
+    k = compiled("C = gelu(A @ W + b)")
+    x, w, bias = randn(33, 70), randn(70, 31), randn(31)
+    assert_close(k(x, w, bias), F.gelu(F.linear(x, w.t(), bias)), bound(x, w))
+
+
+def test_spec_matmul_leaky_relu_with_alpha():
+    k = kgen.compile("specs/matmul_leaky_relu.k")
+    a, b = randn(40, 97, dtype=torch.float16), randn(97, 50, dtype=torch.float16)
+    for alpha in (0.01, 0.2):
+        c = k(a, b, alpha)
+        assert_close(c, F.leaky_relu(a.double() @ b.double(), alpha), bound(a, b))
+    assert_close(k(a, b), F.leaky_relu(a.double() @ b.double(), 0.01), bound(a, b))
+
+
+def test_spec_linear_gelu():
+    k = kgen.compile("specs/linear_gelu.k")
+    x, w, bias = (randn(17, 64, dtype=torch.float16), randn(64, 45, dtype=torch.float16),
+                  randn(45, dtype=torch.float16))
+    assert_close(k(x, w, bias), F.gelu(x.double() @ w.double() + bias.double()), bound(x, w))
+
+
+def test_spec_bmm_with_row_scale_and_residual():
+    k = kgen.compile("specs/bmm.k")
+    a, w = randn(3, 33, 20, dtype=torch.float16), randn(3, 20, 47, dtype=torch.float16)
+    scale, r = randn(3, 33, 1), randn(3, 33, 47, dtype=torch.float16)
+    want = scale.double() * (a.double() @ w.double()) + r.double()
+    assert_close(k(a, w, scale, r), want, bound(a, w), factor=4.0)
+
+
+# --- properties: shapes, strides, batches, epilogues, dtypes -----------------------------------
+
+EPILOGUES = {
+    # spec, extra inputs (name -> shape builder from (batch, M, N)), max |d epilogue / d acc|
+    "C = A @ B": ({}, 1.0),
+    "C = leaky_relu(A @ B)": ({}, 1.0),
+    "C = leaky_relu(A @ B, 0.2)": ({}, 1.0),
+    "C = relu(A @ B)": ({}, 1.0),
+    "C = gelu(A @ B + b)": ({"b": lambda bt, m, n: (n,)}, 1.2),
+    "C = gelu_tanh(A @ B)": ({}, 1.2),
+    "C = silu(A @ B)": ({}, 1.2),
+    "C = sigmoid(A @ B) * 3.0": ({}, 1.0),
+    "C = clamp(A @ B, -2.0, 3.0)": ({}, 1.0),
+    "C = (A @ B) * s": ({"s": lambda bt, m, n: (m, 1)}, 4.0),
+    "C = A @ B + R": ({"R": lambda bt, m, n: bt + (m, n)}, 1.0),
+    "C = f16(A @ B) * 2.0": ({}, 2.0),
+    "C = f32(A @ B) - 0.5": ({}, 1.0),
+}
+
+
+@st.composite
+def problems(draw):
+    m, n, k = draw(SIZES), draw(SIZES), draw(SIZES)
+    batch = draw(st.sampled_from(["", "both", "left", "right", "left1"]))
+    nb = draw(st.sampled_from([2, 3]))
+    a_batch = (nb,) if batch in ("both", "left") else (1,) if batch == "left1" else ()
+    b_batch = (nb,) if batch in ("both", "right", "left1") else ()
+    return (m, n, k, a_batch, b_batch, draw(st.booleans()), draw(st.booleans()),
+            draw(st.sampled_from(sorted(EPILOGUES))), draw(st.sampled_from(["f16", "f32"])))
+
+
+@SETTINGS
+@given(problems())
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # exp overflowing inside sigmoid / tanh: finite results
+def test_gemm_matches_reference(problem):
+    m, n, k, a_batch, b_batch, a_t, b_t, text, dtype = problem
+    dt = DTYPES[dtype]
+    a = randn(*a_batch, m, k, dtype=dt, transposed=a_t)
+    b = randn(*b_batch, k, n, dtype=dt, transposed=b_t)
+    out_batch = tuple(torch.broadcast_shapes(a_batch, b_batch))
+    extras, lipschitz = EPILOGUES[text]
+    inputs = [randn(*shape(out_batch, m, n)) for shape in extras.values()]
+    (c,) = check(text, a, b, *inputs, factor=lipschitz)
+    assert c.shape == out_batch + (m, n)
+
+
+@SETTINGS
+@given(SIZES, SIZES, SIZES, st.sampled_from(["f16", "f32"]))
+def test_plain_matmul_matches_torch(m, n, k, dtype):
+    dt = DTYPES[dtype]
+    a, b = randn(m, k, dtype=dt), randn(k, n, dtype=dt, transposed=True)
+    c = compiled("C = A @ B")(a, b)
+    want = (a.double() @ b.double())
+    assert c.dtype == dt
+    assert_close(c, want, bound(a, b))
+    torch_c = (a.float() @ b.float()).to(dt)
+    assert_close(c, torch_c.double(), bound(a, b) * 2)
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.sampled_from([(0, 5, 7), (5, 0, 7), (5, 7, 0), (0, 0, 0)]), st.sampled_from(["f16", "f32"]))
+def test_empty_dims(sizes, dtype):
+    m, n, k = sizes
+    dt = DTYPES[dtype]
+    a, b, bias = randn(m, k, dtype=dt), randn(k, n, dtype=dt), randn(n)
+    c = compiled("C = exp(A @ B + b)")(a, b, bias)
+    assert c.shape == (m, n)
+    torch.testing.assert_close(c.double(), torch.exp(a.double() @ b.double() + bias.double()), rtol=1e-5, atol=0,
+                               check_dtype=False)
+
+
+def test_sliced_operands_need_no_copy():
+    base_a, base_b = randn(80, 90), randn(70, 60)
+    a, b = base_a[3::2, 1:60:3], base_b[5:35, ::3].t()          # [39, 20] and [20, 30], strides (180, 3), (3, 60)
+    assert not a.is_contiguous() and not b.is_contiguous()
+    check("C = A @ B", a, b)
+
+
+def test_several_outputs_and_named_intermediates():
+    a, b = randn(31, 40, dtype=torch.float16), randn(40, 33, dtype=torch.float16)
+    k = kgen.compile("kernel two(A: f16[M, K], B: f16[K, N]) -> (P: f32[M, N], Q: f16[M, N]) {\n"
+                     "    P = A @ B\n    Q = sigmoid(P) + P\n}\n")
+    p, q = k(a, b)
+    exact = a.double() @ b.double()
+    assert p.dtype == torch.float32 and q.dtype == torch.float16
+    assert_close(p, exact, bound(a, b))
+    assert_close(q, torch.sigmoid(exact) + exact, bound(a, b), factor=1.3)
+    assert "# P = A @ B" in k.source and "P = acc" in k.source
+
+
+def test_operand_used_in_the_epilogue_too():
+    x = randn(33, 33)
+    got = compiled("C = X @ X + X")(x)
+    assert_close(got, x.double() @ x.double() + x.double(), bound(x, x))
+
+
+@pytest.mark.parametrize("text, make, operands, precision", [
+    ("C = f16(X) @ B", lambda: (randn(33, 50), randn(50, 20, dtype=torch.float16)), lambda x, b: (x, b), "ieee"),
+    ("C = relu(X) @ B", lambda: (randn(33, 50, dtype=torch.float16), randn(50, 20, dtype=torch.float16)),
+     lambda x, b: (x, b), "ieee"),
+    ("C = exp(X * 0.1) @ B", lambda: (randn(33, 50, dtype=torch.float16), randn(50, 20, dtype=torch.float16)),
+     lambda x, b: (torch.exp(x.float() * 0.1), b), "operand16"),
+    ("C = A @ (Y + 1.0)", lambda: (randn(33, 50), randn(50, 20, transposed=True)), lambda a, y: (a, y + 1.0), "ieee"),
+    # past K both tiles are 1 here, or inf (rsqrt(0)) against a zero: only zero-filling keeps them out
+    ("C = exp(X * 0.1) @ exp(Y * 0.1)", lambda: (randn(33, 50), randn(50, 20)),
+     lambda x, y: (torch.exp(x * 0.1), torch.exp(y * 0.1)), "ieee"),
+    ("C = rsqrt(X) @ B", lambda: (randn(33, 50).abs() + 0.5, randn(50, 20)), lambda x, b: (torch.rsqrt(x), b),
+     "ieee"),
+    ("C = relu(X) @ X", lambda: (randn(45, 45),), lambda x: (x, x), "ieee"),
+])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # rsqrt(0) past K, before the zero fill
+def test_prologue_on_an_operand(text, make, operands, precision):
+    """A pointwise function of one operand runs on each tile; past K (50 is not a
+    multiple of 32) tiles stay zero even where f(0) != 0 (exp, + 1.0)."""
+    args = make()
+    k = compiled(text)
+    got = k(*args)
+    want = evaluate(k.ir, dict(zip(k.inputs, args)))[0]
+    assert_close(got, want, bound(*operands(*args)), precision, factor=2.0)
+    assert "on each tile of" in k.source
+
+
+def test_prologue_cast_rounds_before_the_dot():
+    """f16(X) @ B rounds X to f16 first: the same as torch with X.half()."""
+    x, b = randn(20, 40), randn(40, 10, dtype=torch.float16)
+    got = compiled("C = f16(X) @ B")(x, b)
+    assert_close(got, x.half().double() @ b.double(), bound(x.half(), b))
+
+
+def test_explicit_configs_agree():
+    """Every config the host accepts computes the same result (GROUP_M ordering,
+    tile shapes, BLOCK_K vs K)."""
+    k = compiled("C = leaky_relu(A @ B + b)")
+    a, b, bias = randn(70, 50), randn(50, 90), randn(90)
+    k(a, b, bias)
+    host = getattr(k._last.module, k._last.name)
+    want = evaluate(k.ir, {"A": a, "B": b, "b": bias})[0]
+    for bm, bn, bk, group in [(16, 16, 16, 1), (16, 64, 16, 3), (64, 16, 64, 8), (32, 32, 128, 2)]:
+        config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": 4, "num_stages": 1}
+        assert_close(host(a, b, bias, config=config), want, bound(a, b))
+
+
+def test_int64_offsets_path(monkeypatch):
+    """The INT64 branch (taken for tensors past 2**31 elements) computes the same values."""
+    k = compiled("C = A @ B + R")
+    a, b, r = randn(2, 33, 40, transposed=True), randn(40, 35), randn(2, 33, 35)
+    k(a, b, r)
+    module = k._last.module
+    calls = []
+    monkeypatch.setattr(module, "_needs_int64", lambda *ts: calls.append(len(ts)) or True)
+    assert_close(k(a, b, r), a.double() @ b.double() + r.double(), bound(a, b))
+    assert calls
+
+
+def test_precision_schedule():
+    spec = ("kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n    C = A @ B\n}\n"
+            "schedule mm {\n    input_precision = ieee\n}\n")
+    k = kgen.compile(spec)
+    assert 'input_precision="ieee"' in k.source
+    a, b = randn(20, 30), randn(30, 40)
+    assert_close(k(a, b), a.double() @ b.double(), bound(a, b))
+    assert 'input_precision="tf32"' in compiled("C = A @ B")._example().source
+    half = generate("kernel h(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n    C = A @ B\n}\n").source
+    assert "input_precision" not in half
+
+
+class Launches:
+    """Counts launches of a kernel (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+@contextmanager
+def watching(module, *names):
+    """Count the launches of the module's kernels ``names`` inside the block."""
+    saved = [getattr(module, n) for n in names]
+    launches = [Launches(k) for k in saved]
+    for n, w in zip(names, launches):
+        setattr(module, n, w)
+    try:
+        yield launches
+    finally:
+        for n, k in zip(names, saved):
+            setattr(module, n, k)
+
+
+def tma_config(bm=32, bn=32, bk=16, group=2):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": 4, "num_stages": 1,
+            "TMA": True}
+
+
+@settings(deadline=None, max_examples=12)
+@given(st.sampled_from([1, 7, 33, 64, 97]), st.sampled_from([8, 40, 64]), st.sampled_from([1, 31, 64]),
+       st.booleans(), st.booleans(), st.sampled_from([tma_config(), tma_config(16, 64, 32, 1)]))
+def test_persistent_tma_variant(m, k, n, a_t, b_t, config):
+    """The Hopper variant (persistent programs, TMA loads; Triton's interpreter reads
+    descriptors too): any M, N, K whose rows are 16-byte aligned, either layout."""
+    text = "C = gelu(A @ W + b)"
+    a, w, bias = randn(m, k, dtype=torch.float16, transposed=a_t), randn(k, n, dtype=torch.float16, transposed=b_t), \
+        randn(n)
+    kernel = compiled(text)
+    kernel(a, w, bias)
+    module = kernel._last.module
+    with watching(module, "c_tma_kernel", "c_kernel") as (tma, tiled):
+        got = getattr(module, kernel._last.name)(a, w, bias, config=config)
+    aligned = (m if a_t else k) % 8 == 0 and (k if b_t else n) % 8 == 0
+    assert (tma.count, tiled.count) == ((1, 0) if aligned else (0, 1))
+    assert_close(got, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
+
+
+def test_tma_falls_back_where_it_cannot_read():
+    """Rows of 5 halves are not 16-byte aligned, a strided slice has no contiguous axis,
+    K = 0 has nothing to describe: the tiled kernel runs with the same tiles."""
+    k = compiled("C = A @ B")
+    for a, b in [(randn(9, 5, dtype=torch.float16), randn(5, 16, dtype=torch.float16)),
+                 (randn(9, 32, dtype=torch.float16)[:, ::2], randn(16, 16, dtype=torch.float16)),
+                 (randn(9, 0, dtype=torch.float16), randn(0, 16, dtype=torch.float16))]:
+        k(a, b)
+        host = getattr(k._last.module, k._last.name)
+        assert_close(host(a, b, config=tma_config()), a.double() @ b.double(), bound(a, b))
+
+
+# --- generated source ------------------------------------------------------------------------
+
+def test_generated_source_reads_like_tutorial_03():
+    source = generate(open("specs/matmul_leaky_relu.k").read(), "specs/matmul_leaky_relu.k").source
+    assert source == generate(open("specs/matmul_leaky_relu.k").read(), "specs/matmul_leaky_relu.k").source
+    for line in ["group_size_m = min(num_pid_m - first_pid_m, GROUP_M)",
+                 "for k in range(0, tl.cdiv(K, BLOCK_K)):",
+                 "acc = tl.dot(A, B, acc)",
+                 "# C = leaky_relu(A @ B, alpha)",
+                 "C = leaky_relu(acc, alpha)",
+                 "def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):"]:
+        assert line in source, line
+    body = source[source.index("def matmul_leaky_relu_kernel"):source.index("def matmul_leaky_relu_tile")]
+    assert body.count("tl.store(") == 1
+    imports = {line for line in source.splitlines() if line.startswith(("import", "from"))}
+    assert imports <= {"import torch", "import triton", "import triton.language as tl", "import math"}
+
+
+def test_headerless_dims_read_m_k_n():
+    k = compiled("C = A @ B")
+    k(randn(3, 4), randn(4, 5))
+    assert '"""A: f32[M, K], B: f32[K, N] -> C: f32[M, N]"""' in k.source
+
+
+def test_schedule_lists_are_candidates():
+    kir_plan = generate(open("specs/matmul_leaky_relu.k").read()).plans[0]
+    configs = kir_plan.tuning.configs
+    assert len(configs) == 2 * 2 * 2 * 2
+    assert {c["BLOCK_M"] for c in configs} == {64, 128} and {c["BLOCK_K"] for c in configs} == {64}
+    assert sum(bool(c.get("TMA")) for c in configs) == 8 and kir_plan.tma
+    default_plan = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n").plans[0]
+    assert [tuple(c.values()) for c in default_plan.tuning.configs if not c.get("TMA")] == list(gemm.CANDIDATES_16)
+    assert [tuple(c.values())[:6] for c in default_plan.tuning.configs if c.get("TMA")] == \
+        list(gemm.TMA_CANDIDATES_16)
+    batched = generate("kernel g(A: f16[B, M, K], W: f16[K, N]) -> C: f16[B, M, N] {\n  C = A @ W\n}\n").plans[0]
+    assert not batched.tma and not any(c.get("TMA") for c in batched.tuning.configs)
+    fixed = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"
+                     "schedule g {\n  BLOCK_M = 64\n  BLOCK_N = 64\n  num_warps = 4\n}\n").plans[0]
+    assert fixed.tuning.configs == ()            # one candidate: nothing to tune
+    assert all('"BLOCK_M": 64, "BLOCK_N": 64' in config for _, config in fixed.heuristic)
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("BLOCK_Q = 64", "not 'BLOCK_Q'"),
+    ("BLOCK_M = 48", "power of two"),
+    ("BLOCK_K = 8", "at least 16"),
+    ("input_precision = fast", "input_precision takes one of"),
+    ("TMA = 2", "TMA takes 0 or 1"),
+])
+def test_bad_schedule(schedule, message):
+    spec = (f"kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {{\n  C = A @ B\n}}\n"
+            f"schedule g {{\n  {schedule}\n}}\n")
+    with pytest.raises(kgen.SpecError, match=message):
+        generate(spec)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def test_inner_dims_differ_at_call_time():
+    k = compiled("C = leaky_relu(A @ B)")
+    with pytest.raises(kgen.CallError, match=r"B: expected f32\[K, N\] = \[4, \?\].*got shape \(5, 6\)"):
+        k(randn(3, 4), randn(5, 6))
+    spec = kgen.compile("specs/matmul_leaky_relu.k")
+    with pytest.raises(kgen.CallError, match=r"B:.*\(5, 6\)"):
+        spec(randn(3, 4, dtype=torch.float16), randn(5, 6, dtype=torch.float16))
+
+
+def test_bias_that_does_not_broadcast():
+    with pytest.raises(kgen.CallError, match=r"b: expected f32\[N\] = \[6\].*got shape \(7,\)"):
+        compiled("C = gelu(A @ W + b)")(randn(3, 4), randn(4, 6), randn(7))
+
+
+def test_batch_that_does_not_broadcast():
+    with pytest.raises(kgen.CallError, match=r"B: .*\(3, 4, 6\)"):
+        compiled("C = A @ B")(randn(2, 3, 4), randn(3, 4, 6))
+
+
+def test_integer_and_mixed_dtypes():
+    ints = torch.ones(3, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(kgen.SpecError, match="floating-point operands"):
+        compiled("C = A @ B")(ints, ints.t())
+    with pytest.raises(kgen.SpecError, match="one dtype"):
+        compiled("C = A @ B")(randn(3, 4), randn(4, 5, dtype=torch.float16))
+    spec = kgen.compile("specs/matmul_leaky_relu.k")
+    with pytest.raises(kgen.CallError, match=r"A: expected f16\[M, K\], got a torch.float32"):
+        spec(randn(3, 4), randn(4, 5, dtype=torch.float16))
+
+
+def test_tensors_on_different_devices():
+    with pytest.raises(kgen.CallError, match="b: expected a tensor on"):
+        compiled("C = gelu(A @ W + b)")(randn(3, 4), randn(4, 6), torch.empty(6, device="meta"))
+
+
+@pytest.mark.parametrize("text, args, message, where", [
+    ("C = (A @ B) @ D", ((3, 4), (4, 5), (5, 6)), "split the spec into two kernels", "(A @ B) @ D"),
+    ("C = where(A @ B > 0, A @ B, 0.0)", ((3, 4), (4, 5)), "name it once (P = A @ B)", "A @ B, 0.0)"),
+    ("C = sum(A @ B, axis=-1)", ((3, 4), (4, 5)), "after a matmul", "sum"),
+    ("C = (X + Y) @ B", ((3, 4), (3, 4), (4, 5)), "pointwise function of one input", "X + Y"),
+    ("C = (X + v) @ B", ((3, 4), (4,), (4, 5)), "pointwise function of one input", "X + v"),
+    ("C = A @ B + R", ((3, 4), (4, 5), (2, 2, 3, 5)), "at most one batch", None),
+    ("C = A @ B * k", ((3, 4), (4, 5), None), "'k' is a name the generated GEMM kernel uses", None),
+])
+def test_outside_the_pattern(text, args, message, where):
+    values = [0.5 if s is None else randn(*s) for s in args]
+    with pytest.raises(kgen.UnsupportedError) as e:
+        kgen.compile(text)(*values)
+    assert message.replace("\n", " ") in str(e.value).replace("\n", " ")
+    if where:
+        line, caret = str(e.value).splitlines()[-2:]
+        col = caret.index("^")
+        assert line[col:].startswith(where), str(e.value)
+
+
+# --- autotuning ----------------------------------------------------------------------------------
+
+CONFIGS = tuple({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
+                for m, n in [(32, 32), (16, 32), (32, 16), (16, 16)])
+
+
+def fake_clock(times, calls):
+    """A bench that runs each candidate once (on the interpreter) and reports a made-up time."""
+    def bench(run, config):
+        run()
+        calls.append(config)
+        return times[(config["BLOCK_M"], config["BLOCK_N"])]
+    return bench
+
+
+def tuned_host(text="C = relu(A @ B + R)"):
+    k = compiled(text)
+    a, b, r = randn(40, 20), randn(20, 30), randn(40, 30)
+    k(a, b, r)
+    return k._last, (a, b, r)
+
+
+def make_tuner(kernel, bench, device="fake-gpu", configs=CONFIGS):
+    host = getattr(kernel.module, kernel.name)
+    return autotune.Tuner(host, autotune.Tuning(configs), kernel.source, kernel.name, bench=bench,
+                          device_name=device, force=True)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KGEN_AUTOTUNE", raising=False)
+    return tmp_path
+
+
+def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
+    kernel, args = tuned_host()
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    calls = []
+    tuner = make_tuner(kernel, fake_clock(times, calls))
+    assert tuner.choose(args, {}) == CONFIGS[1]
+    assert len(calls) == len(CONFIGS) and tuner.tuned == 1
+    assert tuner.choose(args, {}) == CONFIGS[1] and len(calls) == len(CONFIGS)   # memory
+    files = list((cache / "autotune").rglob("*.json"))
+    assert len(files) == 1 and "fake-gpu" in str(files[0])
+    second_calls = []
+    second = make_tuner(kernel, fake_clock(times, second_calls))            # a new process, in effect
+    assert second.choose(args, {}) == CONFIGS[1]
+    assert second_calls == [] and second.tuned == 0
+    # another problem key (a transposed B) is tuned anew and kept beside the first
+    bt = args[1].t().contiguous().t()
+    assert second.choose((args[0], bt, args[2]), {}) == CONFIGS[1]
+    assert len(second_calls) == len(CONFIGS)
+    assert len(json.loads(files[0].read_text())["entries"]) == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign device", "foreign source", "foreign triton",
+                                    "unknown config", "wrong type"])
+def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
+    kernel, args = tuned_host()
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    make_tuner(kernel, fake_clock(times, [])).choose(args, {})
+    (path,) = (cache / "autotune").rglob("*.json")
+    data = json.loads(path.read_text())
+    key = next(iter(data["entries"]))
+    data["entries"][key]["config"] = dict(CONFIGS[3])      # a planted choice: used only if trusted
+    if damage == "garbage":
+        path.write_text("\x00not json{")
+    elif damage == "truncated":
+        path.write_text(json.dumps(data)[:40])
+    elif damage == "foreign device":
+        data["device"] = "another-gpu"
+    elif damage == "foreign source":
+        data["source"] = "0" * 64
+    elif damage == "foreign triton":
+        data["triton"] = "0.0.1"
+    elif damage == "unknown config":
+        data["entries"][key]["config"] = {**CONFIGS[3], "BLOCK_M": 256}
+    elif damage == "wrong type":
+        data["entries"] = [1, 2]
+    if damage not in ("garbage", "truncated"):
+        path.write_text(json.dumps(data))
+    calls = []
+    tuner = make_tuner(kernel, fake_clock(times, calls))
+    assert tuner.choose(args, {}) == CONFIGS[1]              # re-tuned, not the planted CONFIGS[3]
+    assert len(calls) == len(CONFIGS)
+    assert json.loads(path.read_text())["entries"][key]["config"] == CONFIGS[1]   # and rewritten
+
+
+def test_trusted_cache_entry_is_used(cache):
+    """The control for the test above: an intact planted entry is believed."""
+    kernel, args = tuned_host()
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    make_tuner(kernel, fake_clock(times, [])).choose(args, {})
+    (path,) = (cache / "autotune").rglob("*.json")
+    data = json.loads(path.read_text())
+    key = next(iter(data["entries"]))
+    data["entries"][key]["config"] = dict(CONFIGS[3])
+    path.write_text(json.dumps(data))
+    calls = []
+    assert make_tuner(kernel, fake_clock(times, calls)).choose(args, {}) == CONFIGS[3]
+    assert calls == []
+
+
+def test_failing_configs_are_skipped(cache):
+    kernel, args = tuned_host()
+
+    def bench(run, config):
+        if config["BLOCK_M"] == 16:
+            raise RuntimeError("out of resources")
+        return 1.0 if config["BLOCK_N"] == 16 else 2.0
+    assert make_tuner(kernel, bench).choose(args, {}) == CONFIGS[2]
+
+
+def test_tuning_never_writes_the_callers_out_twice(cache):
+    """out= may alias an input (R += A @ B): timed runs write scratch outputs."""
+    kernel, (a, b, r) = tuned_host("C = A @ B + R")
+    host = getattr(kernel.module, kernel.name)
+    tuner = make_tuner(kernel, fake_clock({(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}, []))
+    want = a.double() @ b.double() + r.double()
+    config = tuner.choose((a, b, r), {"out": r})
+    host(a, b, r, out=r, config=config)
+    assert_close(r, want, bound(a, b))
+
+
+def test_progress_on_stderr_only_when_slow(cache, monkeypatch, capsys):
+    kernel, args = tuned_host()
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    make_tuner(kernel, fake_clock(times, [])).choose(args, {})
+    assert "autotuning" not in capsys.readouterr().err
+    monkeypatch.setattr(autotune, "_PROGRESS_AFTER_S", 0.0)
+    make_tuner(kernel, fake_clock(times, []), device="other-gpu").choose(args, {})
+    err = capsys.readouterr().err
+    assert "autotuning" in err and "4/4" in err and "chose BLOCK_M=16 BLOCK_N=32" in err
+
+
+def test_autotune_off_and_interpreter_use_the_heuristic(cache, monkeypatch):
+    kernel, args = tuned_host()
+    calls = []
+    tuner = make_tuner(kernel, fake_clock({}, calls))
+    monkeypatch.setenv("KGEN_AUTOTUNE", "0")
+    assert tuner.choose(args, {}) is None
+    monkeypatch.delenv("KGEN_AUTOTUNE")
+    assert tuner.choose(args, {"config": CONFIGS[0]}) is None       # the caller's own config wins
+    host = getattr(kernel.module, kernel.name)
+    unforced = autotune.Tuner(host, autotune.Tuning(CONFIGS), kernel.source, kernel.name, bench=fake_clock({}, calls))
+    if not HAS_CUDA:
+        assert unforced.choose(args, {}) is None                      # interpreter: nothing to time
+    assert calls == []
+
+
+def test_problem_key_covers_sizes_dtypes_and_layout():
+    a, b = torch.randn(8, 4), torch.randn(4, 6)
+    key = autotune.problem_key({"A": a, "B": b, "alpha": 0.5, "out": torch.empty(3)})
+    assert key == "A:float32:8x4:s1 B:float32:4x6:s1"
+    assert autotune.problem_key({"A": a, "B": b.t().contiguous().t()}) != key
+    assert autotune.problem_key({"A": a.half(), "B": b}) != key
+    assert autotune.problem_key({"A": torch.randn(8, 5), "B": b}) != key
+    assert autotune.problem_key({"A": a, "B": b[:, :1].expand(4, 6)}).endswith("s0")
+
+
+def test_prune_keeps_tiles_that_fit_the_problem():
+    configs = [dict(zip(gemm.CONFIG_KEYS, c)) for c in gemm.CANDIDATES_16]
+    small = gemm.prune(configs, {"A": torch.empty(16, 4096), "B": torch.empty(4096, 4096)}, "A", "B")
+    assert small and all(c["BLOCK_M"] == 16 for c in small)
+    assert len(gemm.prune(configs, {"A": torch.empty(4096, 4096), "B": torch.empty(4096, 4096)}, "A", "B")) == \
+        len(configs)
+    tiny = gemm.prune(configs, {"A": torch.empty(1, 1), "B": torch.empty(1, 1)}, "A", "B")
+    assert len(tiny) == 1
+    tma = [dict(zip(gemm.CONFIG_KEYS, c), TMA=True) for c in gemm.TMA_CANDIDATES_16]
+    big = {"A": torch.empty(4096, 4096, dtype=torch.float16), "B": torch.empty(4096, 4096, dtype=torch.float16)}
+    assert len(gemm.prune(configs + tma, big, "A", "B")) == len(configs) + len(tma)
+    odd = {"A": torch.empty(4096, 4095, dtype=torch.float16), "B": torch.empty(4095, 4096, dtype=torch.float16)}
+    assert gemm.prune(configs + tma, odd, "A", "B") == configs          # rows TMA cannot address
+
+
+def test_kernel_call_passes_the_tuned_config(cache, monkeypatch):
+    """kgen.Kernel asks its tuner and passes the answer as config=."""
+    k = kgen.compile("kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n  C = relu(A @ B)\n}\n")
+    seen = []
+    host = k._host
+    monkeypatch.setattr(k, "_host", lambda *a, **kw: seen.append(kw.get("config")) or host(*a, **kw))
+    a, b = randn(20, 30), randn(30, 10)
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    k._tuner = autotune.Tuner(host, autotune.Tuning(CONFIGS), k.source, k.name,
+                              bench=fake_clock(times, []), device_name="fake-gpu", force=True)
+    assert_close(k(a, b), torch.relu(a.double() @ b.double()), bound(a, b))
+    assert seen[-1] == CONFIGS[1]
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def untuned(monkeypatch):
+    monkeypatch.setenv("KGEN_AUTOTUNE", "0")       # the heuristic config: no minutes of tuning per shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (257, 131, 1000), (4096, 1024, 512), (16, 4096, 4096)])
+def test_gpu_leaky_relu_matmul(untuned, dtype, m, n, k):
+    dt = DTYPES[dtype]
+    a, b = randn(m, k, dtype=dt), randn(k, n, dtype=dt, transposed=True)
+    c = compiled("C = leaky_relu(A @ B)")(a, b)
+    assert_close(c, F.leaky_relu(a.double() @ b.double(), 0.01), bound(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("a_t, b_t", [(False, False), (True, True)])
+def test_gpu_every_candidate_config(untuned, dtype, a_t, b_t):
+    """Each default candidate, tiled and persistent-TMA, on edge sizes (TMA-aligned rows)."""
+    dt = DTYPES[dtype]
+    a, w, bias = randn(304, 136, dtype=dt, transposed=a_t), randn(136, 200, dtype=dt, transposed=b_t), randn(200)
+    k = compiled("C = gelu(A @ W + b)")
+    k(a, w, bias)
+    module, want = k._last.module, F.gelu(a.double() @ w.double() + bias.double())
+    for config in module.c_configs:
+        with watching(module, "c_tma_kernel") as (tma,):
+            got = getattr(module, k._last.name)(a, w, bias, config=config)
+        assert tma.count == bool(config.get("TMA")), config
+        assert_close(got, want, bound(a, w), factor=1.2)
+
+
+@pytest.mark.gpu
+def test_gpu_f32_precisions(untuned):
+    a, b = randn(300, 500), randn(500, 200)
+    assert_close(compiled("C = A @ B")(a, b), a.double() @ b.double(), bound(a, b), precision="tf32")
+    spec = ("kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n    C = A @ B\n}\n"
+            "schedule mm {\n    input_precision = ieee\n}\n")
+    assert_close(kgen.compile(spec)(a, b), a.double() @ b.double(), bound(a, b))
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_batched_epilogue(untuned):
+    a, w = randn(4, 100, 64, dtype=torch.bfloat16), randn(64, 300, dtype=torch.bfloat16)
+    bias = randn(300, dtype=torch.bfloat16)
+    c = compiled("C = gelu(A @ W + b)")(a, w, bias)
+    assert_close(c, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_persists(cache):
+    k = compiled("C = silu(A @ B)")
+    a, b = randn(512, 512, dtype=torch.float16), randn(512, 512, dtype=torch.float16)
+    c = k(a, b)
+    tuner = k._last._tuner
+    assert tuner.tuned == 1 and tuner.last is not None and list((cache / "autotune").rglob("*.json"))
+    assert_close(c, F.silu(a.double() @ b.double()), bound(a, b), factor=1.2)
+    fresh = autotune.Tuner(tuner.host, tuner.tuning, tuner.source, tuner.name)     # as a second process would
+    assert fresh.choose((a, b), {}) == tuner.last and fresh.tuned == 0

@@ -1,0 +1,445 @@
+"""The row-reduction pattern, end to end: softmax, log-softmax, layernorm and rmsnorm
+from specs/ against the float64 reference (``kgen.reference.evaluate``) and against
+torch's own functions (``torch.softmax``, ``torch.log_softmax``,
+``torch.nn.functional.layer_norm`` / ``torch.native_layer_norm``, ``rms_norm``).
+
+Hypothesis draws the strategy (rows on chip, several rows per tile, or the looped
+kernel through a forced small column chunk), M (including 1), N (1, primes, powers of
+two, sizes past the chunk), the dtype, the layout (contiguous, transposed, sliced
+rows and columns) and the values (large magnitudes, -inf entries, all -inf rows,
+NaN).  Without a GPU the kernels run on Triton's interpreter, so sizes stay small;
+bf16 runs only where CUDA is.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen
+from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
+from kgen.reference import evaluate
+
+from conftest import DEVICE
+
+# Padding lanes and the -inf / NaN data make numpy (the interpreter) warn; torch agrees.
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+SETTINGS = settings(deadline=None, max_examples=30, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+# (atol, rtol) by output dtype; atol is scaled by the largest finite magnitude of the
+# expected tensor and by sqrt(N) (f32 sums of N terms).  The kernel computes in f32 and
+# rounds once on store; the reference is rounded to the output dtype before comparing,
+# so a 16-bit output may differ by one unit in the last place.
+TOL = {torch.float32: (2e-6, 2e-5), torch.float16: (1e-5, 2e-3), torch.bfloat16: (1e-4, 1.6e-2)}
+
+
+# --------------------------------------------------------------------------- helpers
+
+@functools.lru_cache(maxsize=None)
+def spec_kernel(name: str, chunk: int | None = None, rows: int | None = None, dtype: str = "f16"):
+    """A spec from specs/, optionally retyped and with a schedule forcing the column
+    chunk (``BLOCK_N``) and the rows per tile (``BLOCK_ROWS``)."""
+    text = (SPECS / f"{name}.k").read_text().replace("f16", dtype)
+    keys = ([f"BLOCK_N = {chunk}"] if chunk else []) + ([f"BLOCK_ROWS = {rows}"] if rows else [])
+    if keys:
+        text += f"\nschedule {name} {{\n    " + "\n    ".join(keys) + "\n}\n"
+    return kgen.compile(text)
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor, n: int, what: str = "", cond: float = 1.0) -> None:
+    """``got`` (the kernel's output) equals ``want`` (float64) rounded to got's dtype.
+    ``cond`` widens the tolerance where the math itself amplifies f32 rounding."""
+    assert tuple(got.shape) == tuple(want.shape), (what, got.shape, want.shape)
+    want = want.to(device=got.device, dtype=got.dtype).double()
+    atol, rtol = TOL[got.dtype]
+    torch.testing.assert_close(got.double(), want, atol=atol * largest(want) * math.sqrt(max(n, 1)) * cond + 1e-30,
+                               rtol=rtol * cond, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def largest(t: torch.Tensor) -> float:
+    finite = t[torch.isfinite(t)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def place(values: torch.Tensor, dtype: torch.dtype, layout: str) -> torch.Tensor:
+    """``values`` as a tensor of ``dtype`` on the device, laid out as asked, with no copy
+    left for the kernel to make: transposed, or every other row and column of a larger
+    buffer."""
+    values = values.to(device=DEVICE, dtype=dtype)
+    if layout == "transposed":
+        return values.t().contiguous().t()
+    if layout == "sliced":
+        m, n = values.shape
+        base = torch.full((2 * m + 1, 2 * n + 1), float("nan"), dtype=dtype, device=DEVICE)
+        base[1::2, 1::2] = values
+        return base[1::2, 1::2]
+    return values.contiguous()
+
+
+def row_values(m: int, n: int, seed: int, scale: float, special: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=g, dtype=torch.float64) * scale
+    if special == "neg_inf" and n > 1:
+        x[torch.rand(m, n, generator=g) < 0.3] = float("-inf")
+    elif special == "neg_inf_row":
+        x[m // 2] = float("-inf")
+    elif special == "neg_inf_prefix":   # the looped kernel's first chunks see only -inf
+        x[:, : (n + 1) // 2] = float("-inf")
+    elif special == "nan":
+        x[m // 2, n // 2] = float("nan")
+    return x
+
+
+class Launches:
+    """Records which kernel each call of the generated host function launched."""
+
+    def __init__(self, module, monkeypatch):
+        self.kernels = []
+        self.options = []
+        real = module.launch_rows
+
+        def spy(kernel, n_tiles, device, args, **options):
+            self.kernels.append(kernel)
+            self.options.append(options)
+            return real(kernel, n_tiles, device, args, **options)
+        monkeypatch.setattr(module, "launch_rows", spy)
+
+
+# A case is (column chunk, rows per tile, M, N) for one of three strategies: one row per
+# tile on chip, several rows per tile (the default for narrow rows, or 4), and the looped
+# kernel, forced by a chunk of 8 or 16 columns (rows no wider than the chunk stay on chip).
+@st.composite
+def cases(draw):
+    strategy = draw(st.sampled_from(["on_chip", "tiles", "looped"]))
+    if strategy == "looped":
+        chunk = draw(st.sampled_from([8, 16]))
+        m = draw(st.sampled_from([1, 2, 3, 5]))
+        n = draw(st.sampled_from([1, 7, 16, 17, 31, 40, 64, 67]))
+        rows = draw(st.sampled_from([None, 2]))
+    else:
+        chunk = None
+        m = draw(st.sampled_from([1, 2, 3, 5, 8, 13, 33]))
+        n = draw(st.sampled_from([1, 2, 3, 7, 16, 17, 31, 64, 100, 127, 256]))
+        rows = 1 if strategy == "on_chip" else draw(st.sampled_from([None, 4]))
+    return chunk, rows, m, n
+
+
+VALUES = st.tuples(st.integers(0, 2**16), st.sampled_from([1.0, 30.0, 1e4]),
+                   st.sampled_from(["none", "none", "neg_inf", "neg_inf_row", "neg_inf_prefix", "nan"]))
+DTYPES = st.sampled_from([torch.float16, torch.float32])
+LAYOUTS = st.sampled_from(["contiguous", "transposed", "sliced"])
+
+
+def run_spec(name, case, dtype, layout, values, extra=()):
+    chunk, rows, m, n = case
+    kernel = spec_kernel(name, chunk, rows, {torch.float16: "f16", torch.float32: "f32"}[dtype])
+    X = place(row_values(m, n, *values), dtype, layout)
+    args = {"X": X}
+    g = torch.Generator().manual_seed(values[0] + 1)
+    for p in extra:   # weight, bias: along the row
+        args[p] = place(torch.randn(1, n, generator=g, dtype=torch.float64), dtype, layout)[0]
+    outputs = as_tuple(kernel(**args))
+    expected = evaluate(kernel.ir, {**args, **{p.name: p.default for p in kernel.ir.params if p.is_scalar}})
+    return kernel, args, outputs, expected
+
+
+def check_reference(kernel, outputs, expected, n, cond=1.0):
+    for o, got, want in zip(kernel.outputs, outputs, expected):
+        assert_matches(got, want, n, f"{kernel.name}.{o} vs reference", cond)
+
+
+# --------------------------------------------------------------------------- the four specs
+
+@SETTINGS
+@given(cases(), DTYPES, LAYOUTS, VALUES)
+def test_softmax(case, dtype, layout, values):
+    kernel, args, (Y,), expected = run_spec("softmax", case, dtype, layout, values)
+    check_reference(kernel, (Y,), expected, case[3])
+    assert_matches(Y, torch.softmax(args["X"].double(), dim=-1), case[3], "softmax vs torch.softmax")
+
+
+@SETTINGS
+@given(cases(), DTYPES, LAYOUTS, VALUES)
+def test_log_softmax(case, dtype, layout, values):
+    kernel, args, (Y,), expected = run_spec("log_softmax", case, dtype, layout, values)
+    check_reference(kernel, (Y,), expected, case[3])
+    assert_matches(Y, torch.log_softmax(args["X"].double(), dim=-1), case[3], "log_softmax vs torch.log_softmax")
+
+
+@SETTINGS
+@given(cases(), DTYPES, LAYOUTS, VALUES)
+def test_layernorm(case, dtype, layout, values):
+    kernel, args, (Y, mu, rstd), expected = run_spec("layernorm", case, dtype, layout, values, extra=("W", "B"))
+    n = case[3]
+    eps = next(p.default for p in kernel.ir.params if p.name == "eps")
+    X, W, B = (args[k].double() for k in "XWB")
+    # X - mean(X) cancels where a row's spread is small next to its values: f32 rounding
+    # of X is amplified by max|X| * rstd there (in torch's f32 layer_norm too)
+    cond = max(1.0, largest(X) * largest(expected[2]))
+    check_reference(kernel, (Y, mu, rstd), expected, n, cond)
+    assert_matches(Y, F.layer_norm(X, (n,), W, B, eps), n, "layernorm vs F.layer_norm", cond)
+    if torch.isfinite(X).all():   # torch's Welford gives NaN where the mean is -inf
+        _, torch_mean, torch_rstd = torch.native_layer_norm(X, (n,), W, B, eps)
+        assert_matches(mu, torch_mean, n, "mu vs native_layer_norm", cond)
+        assert_matches(rstd, torch_rstd, n, "rstd vs native_layer_norm", cond)
+
+
+@SETTINGS
+@given(cases(), DTYPES, LAYOUTS, VALUES)
+def test_rmsnorm(case, dtype, layout, values):
+    kernel, args, (Y,), expected = run_spec("rmsnorm", case, dtype, layout, values, extra=("W",))
+    check_reference(kernel, (Y,), expected, case[3])
+    eps = next(p.default for p in kernel.ir.params if p.name == "eps")
+    X, W = args["X"].double(), args["W"].double()
+    assert_matches(Y, F.rms_norm(X, (case[3],), W, eps), case[3], "rmsnorm vs F.rms_norm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_bf16(name, chunk):
+    kernel = spec_kernel(name, chunk, None, "bf16")
+    g = torch.Generator().manual_seed(0)
+    args = {"X": (torch.randn(37, 1000, generator=g) * 3).to(DEVICE, torch.bfloat16)}
+    for p in kernel.inputs[1:]:
+        if p != "eps":   # the weight and bias
+            args[p] = torch.randn(1000, generator=g).to(DEVICE, torch.bfloat16)
+    outputs = as_tuple(kernel(**args))
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for got, want in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(got, want, 1000)
+
+
+@pytest.mark.gpu
+def test_wide_rows_on_gpu():
+    """N = 65536 (tutorial 02 fails with OutOfResources there) takes the looped kernel."""
+    kernel = spec_kernel("softmax")
+    X = torch.randn(64, 65536, device=DEVICE, dtype=torch.float16)
+    assert_matches(kernel(X), torch.softmax(X.double(), -1), 65536)
+
+
+# --------------------------------------------------------------------------- strategies
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+def test_each_strategy_is_reachable(name, monkeypatch):
+    """The host picks the on-chip kernel (several rows per tile for narrow rows) or the
+    looped one from N and the schedule; each runs and is right."""
+    for chunk, n, looped, rows in ((None, 8, False, 8), (None, 40, False, None), (16, 40, True, 1)):
+        kernel = spec_kernel(name, chunk)
+        launches = Launches(kernel.module, monkeypatch)
+        args = {p: torch.randn(8, n, device=DEVICE, dtype=torch.float16) if p == "X"
+                else torch.randn(n, device=DEVICE, dtype=torch.float16) for p in kernel.inputs if p != "eps"}
+        outputs = as_tuple(kernel(**args))
+        want = getattr(kernel.module, f"{name}_looped_kernel" if looped else f"{name}_kernel")
+        assert launches.kernels == [want]
+        if rows is not None:
+            assert launches.options[0]["BLOCK_ROWS"] == rows
+        if looped:
+            assert launches.options[0]["BLOCK_N"] == chunk
+        defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+        for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
+            assert_matches(got, expected, n)
+
+
+def test_force_chunk_environment_knob(monkeypatch):
+    text = (SPECS / "softmax.k").read_text()
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", "8")
+    kernel = kgen.compile(text)
+    launches = Launches(kernel.module, monkeypatch)
+    X = torch.randn(3, 20, device=DEVICE, dtype=torch.float16)
+    assert_matches(kernel(X), torch.softmax(X.double(), -1), 20)
+    assert launches.kernels == [kernel.module.softmax_looped_kernel]
+    assert launches.options[0]["BLOCK_N"] == 8
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", "12")
+    with pytest.raises(KgenError, match="KGEN_FORCE_CHUNK"):
+        kgen.compile(text + "\n")
+
+
+def test_online_softmax_is_one_sweep():
+    """The looped softmax finds exp(X - max(X)) / sum(...) and sweeps the row twice (max
+    and sum together, then the output), not three times; layernorm takes three."""
+    softmax = spec_kernel("softmax").source
+    body = softmax.split("def softmax_looped_kernel")[1].split("\ndef ")[0]
+    assert body.count("for col0 in") == 2
+    layernorm = spec_kernel("layernorm").source
+    body = layernorm.split("def layernorm_looped_kernel")[1].split("\ndef ")[0]
+    assert body.count("for col0 in") == 3
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_rank3_leading_axes_are_flattened_without_copies(chunk):
+    """[B, M, N] reduces over N with B*M rows; a permuted input (not viewable as 2-D)
+    is read through its own strides; a per-row input [B, M, 1] and a weight [N] broadcast."""
+    schedule = f"\nschedule scaled {{ BLOCK_N = {chunk} }}\n" if chunk else ""
+    kernel = kgen.compile("kernel scaled(X: f32[B, M, N], S: f32[B, M, 1], W: f32[N]) -> (Y: f32[B, M, N], "
+                          "total: f32[B, M, 1]) {\n  total = sum(X * W, axis=-1)\n  Y = X * S / total\n}" + schedule)
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(5, 3, 11, generator=g).to(DEVICE).permute(1, 0, 2)     # [3, 5, 11], strides (11, 33, 1)
+    S = torch.randn(3, 5, 1, generator=g).to(DEVICE)
+    W = torch.randn(11, generator=g).to(DEVICE)
+    Y, total = kernel(X, S, W)
+    want = evaluate(kernel.ir, {"X": X, "S": S, "W": W})
+    assert_matches(Y, want[0], 11)
+    assert_matches(total, want[1], 11)
+    assert_matches(total, (X.double() * W.double()).sum(-1, keepdim=True), 11)
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_max_min_propagate_nan_and_ints(chunk):
+    schedule = f"\nschedule extremes {{ BLOCK_N = {chunk} }}\n" if chunk else ""
+    kernel = kgen.compile("kernel extremes(X: f32[M, N], I: i32[M, N]) -> (hi: f32[M, 1], lo: f32[M, 1], "
+                          "top: i32[M, 1]) {\n  hi = max(-X, axis=-1)\n  lo = min(X, axis=-1)\n"
+                          "  top = max(I, axis=-1)\n}" + schedule)
+    X = torch.randn(4, 13, device=DEVICE)
+    X[1, 5] = float("nan")
+    X[2] = float("inf")
+    I = torch.randint(-2**31, 2**31 - 1, (4, 13), dtype=torch.int32, device=DEVICE)
+    hi, lo, top = kernel(X, I)
+    assert_matches(hi, (-X.double()).amax(-1, keepdim=True), 13)
+    assert_matches(lo, X.double().amin(-1, keepdim=True), 13)
+    assert torch.equal(top, I.amax(-1, keepdim=True))
+
+
+# Headerless specs: chains of reductions, pointwise code before, between and after them,
+# per-row and along-the-row operands, Python-number scalars, several outputs.
+GENERAL = [
+    "m = max(X)\nY = exp(X - m) / sum(exp(X - m))\ntotal = sum(X)",
+    "mu = mean(X)\nspread = max(abs(X - mu))\nY = (X - mu) / (spread + 1.0)",
+    "z = X * S + B\nY = z - max(z) - log(sum(exp(z - max(z))))",
+    "Y = X * alpha / (mean(X * X) + 2.0)",
+    "lo = min(X)\nhi = max(X)\nY = (X - lo) / (hi - lo)",
+    "m = max(X)\nY = mean(exp(X - m))",
+    "Y = sum(where(X > 0.0, X, 0.0 - X)) + min(X * S)",
+]
+
+
+@pytest.mark.parametrize("chunk", [None, "4"])
+@pytest.mark.parametrize("text", GENERAL)
+def test_general_row_reductions(text, chunk, monkeypatch):
+    if chunk:
+        monkeypatch.setenv("KGEN_FORCE_CHUNK", chunk)
+    kernel = kgen.compile(text)
+    g = torch.Generator().manual_seed(7)
+    m, n = 5, 11
+    values = {"X": torch.randn(m, n, generator=g) * 3, "S": torch.randn(m, 1, generator=g),
+              "B": torch.randn(n, generator=g), "alpha": 0.5}
+    args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in values.items() if k in kernel.inputs}
+    outputs = as_tuple(kernel(**args))
+    assert kernel.pattern == "row_reduce"
+    for name, got, want in zip(kernel.outputs, outputs, evaluate(kernel.ir, args)):
+        assert_matches(got, want, n, name)
+
+
+def test_all_neg_inf_rows_give_what_torch_gives():
+    for chunk in (None, 4):
+        for name in ("softmax", "log_softmax"):
+            kernel = spec_kernel(name, chunk, None, "f32")
+            X = torch.randn(4, 10, device=DEVICE)
+            X[0] = float("-inf")
+            X[1, :7] = float("-inf")       # a -inf prefix longer than the chunk
+            X[2, 3] = float("inf")
+            want = getattr(torch, name)(X.double(), -1)
+            assert torch.isnan(want[0]).all()
+            assert_matches(kernel(X), want, 10, f"{name}, chunk {chunk}")
+
+
+def test_headerless_reductions_and_unit_rows():
+    """Headerless specs specialize size-1 axes: N = 1 makes every reduction its input
+    (an elementwise kernel); other N take the row-reduction kernel."""
+    sm = kgen.compile("m = max(X)\ne = exp(X - m)\nY = e / sum(e)")
+    for shape in ((6, 1), (6, 9), (1, 9), (9,)):
+        X = torch.randn(*shape, device=DEVICE)
+        assert_matches(sm(X), torch.softmax(X.double(), -1), shape[-1], str(shape))
+        assert sm.pattern == ("elementwise" if shape[-1] == 1 else "row_reduce")
+
+
+def test_zero_sizes():
+    kernel = spec_kernel("softmax", None, None, "f32")
+    assert kernel(torch.empty(0, 5, device=DEVICE)).shape == (0, 5)
+    assert kernel(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)
+    layernorm = spec_kernel("layernorm", None, None, "f32")
+    Y, mu, rstd = layernorm(torch.empty(0, 5, device=DEVICE), torch.ones(5, device=DEVICE),
+                            torch.zeros(5, device=DEVICE))
+    assert Y.shape == (0, 5) and mu.shape == (0, 1) and rstd.shape == (0, 1)
+
+
+def test_out_with_strides():
+    kernel = spec_kernel("softmax", None, None, "f32")
+    X = torch.randn(5, 7, device=DEVICE)
+    out = torch.empty(7, 5, device=DEVICE).t()
+    assert kernel(X, out=out) is out
+    assert_matches(out, torch.softmax(X.double(), -1), 7)
+
+
+# --------------------------------------------------------------------------- errors
+
+def test_reduction_over_another_axis_is_an_error_at_its_position():
+    with pytest.raises(UnsupportedError) as e:
+        kgen.compile("kernel colsum(X: f32[M, N]) -> Y: f32[1, N] {\n    Y = sum(X, axis=0)\n}")
+    assert (e.value.span.line, e.value.span.col) == (2, 9)
+    assert "last axis" in e.value.message and ":2:9:" in str(e.value)
+
+
+def test_reduction_over_a_missing_axis_is_an_error():
+    with pytest.raises(SpecError) as e:
+        kgen.compile("kernel bad(X: f32[M, N]) -> Y: f32[M, 1] {\n    Y = sum(X, axis=2)\n}")
+    assert (e.value.span.line, e.value.span.col) == (2, 21)
+
+
+def test_outputs_must_have_the_rows_shape():
+    with pytest.raises(UnsupportedError, match="output 'Z'"):
+        kgen.compile("kernel two(X: f32[M, N], W: f32[N]) -> (Y: f32[M, N], Z: f32[N]) {\n"
+                     "    Y = X / sum(X, axis=-1)\n    Z = W * 2.0\n}")
+
+
+def test_bad_calls_name_the_argument_before_any_launch(monkeypatch):
+    layernorm = spec_kernel("layernorm", None, None, "f32")
+    launches = Launches(layernorm.module, monkeypatch)
+    X, W, B = (torch.randn(*shape, device=DEVICE) for shape in ((3, 8), (8,), (8,)))
+    with pytest.raises(CallError, match="W"):
+        layernorm(X, torch.randn(7, device=DEVICE), B)
+    with pytest.raises(CallError, match="W"):
+        layernorm(X, torch.randn(3, 8, device=DEVICE), B)
+    with pytest.raises(CallError, match="eps"):
+        layernorm(X, W, B, torch.tensor(1e-5))
+    assert launches.kernels == []
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("BLOCK_N = [16, 32]", "one value"),
+    ("BLOCK_N = 24", "power of two"),
+    ("GROUP_M = 8", "GROUP_M"),
+])
+def test_schedule_errors(schedule, message):
+    text = (SPECS / "softmax.k").read_text() + f"\nschedule softmax {{ {schedule} }}\n"
+    with pytest.raises(SpecError, match=message):
+        kgen.compile(text)
+
+
+def test_a_weight_that_does_not_broadcast_along_the_row_is_an_error():
+    with pytest.raises(SpecError) as e:
+        kgen.compile("kernel bad(X: f32[M, N], W: f32[M]) -> Y: f32[M, N] {\n    Y = X * W / sum(X)\n}")
+    assert (e.value.span.line, e.value.span.col) == (2, 9)
+    headerless = kgen.compile("Y = X * W / sum(X)")
+    with pytest.raises(CallError, match="W"):
+        headerless(torch.randn(3, 5, device=DEVICE), torch.randn(4, device=DEVICE))
+
+
+def test_reductions_over_rows_of_different_lengths_are_an_error():
+    with pytest.raises(UnsupportedError, match="rows of one length") as e:
+        kgen.compile("kernel two(X: f32[M, N], Z: f32[M, K]) -> Y: f32[M, 1] {\n"
+                     "    Y = sum(X, axis=-1) + sum(Z, axis=-1)\n}")
+    assert e.value.span.line == 2
