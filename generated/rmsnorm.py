@@ -67,30 +67,21 @@ def _needs_int64(*tensors):
                for t in tensors)
 
 
-# (kernel, device, launch options) -> how many programs of it fit on the GPU at once
-_RESIDENT = {}
+_SM_COUNT = {}
 
 
-def launch_rows(kernel, n_tiles, device, args, **options):
-    """Launch a persistent row kernel: as many programs as fit on the GPU at once (from the
-    compiled kernel's registers and shared memory, and the SM count), at most one per tile
-    of rows; each program walks its tiles in a grid-stride loop."""
-    if device.type != "cuda" or triton.knobs.runtime.interpret:
+def launch_rows(kernel, n_tiles, per_sm, device, args, **options):
+    """Launch a row kernel whose programs walk tiles of rows in a grid-stride loop: one
+    program per tile (per_sm None), or at most per_sm programs per SM."""
+    if device.type != "cuda":
         # Triton's interpreter runs programs one after another: a few still walk the loop
         kernel[(min(n_tiles, 4),)](*args, **options)
         return
-    key = (kernel, device.index, tuple(sorted(options.items())))
-    if key not in _RESIDENT:
-        compiled = kernel.warmup(*args, grid=(1,), **options)
-        compiled._init_handles()
-        props = triton.runtime.driver.active.utils.get_device_properties(device.index)
-        warps = options["num_warps"]
-        per_sm = min(props["max_num_regs"] // max(compiled.n_regs * props["warpSize"] * warps, 1),
-                     2048 // (props["warpSize"] * warps))
-        if compiled.metadata.shared:
-            per_sm = min(per_sm, props["max_shared_mem"] // compiled.metadata.shared)
-        _RESIDENT[key] = props["multiprocessor_count"] * max(per_sm, 1)
-    kernel[(min(n_tiles, _RESIDENT[key]),)](*args, **options)
+    if per_sm is not None:
+        if device not in _SM_COUNT:
+            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        n_tiles = min(n_tiles, per_sm * _SM_COUNT[device])
+    kernel[(n_tiles,)](*args, **options)
 
 
 @triton.jit
@@ -180,15 +171,16 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
         return Y
     BLOCK_N = triton.next_power_of_2(max(n_cols, 1))
     if BLOCK_N <= 16384:
-        # the row fits on chip; narrow rows go several to a tile
-        kernel, NUM_STAGES = rmsnorm_kernel, 2
-        BLOCK_ROWS = min(max(4096 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
+        # the row fits on chip; narrow rows go several to a tile, one tile per program
+        kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
+        NUM_WARPS = 8 if BLOCK_N <= 256 else 4 if BLOCK_N <= 2048 else 8 if BLOCK_N <= 4096 else 16
+        NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 8192 else 2
+        PER_SM = None
     else:
-        # too wide to hold: sweep each row in chunks of BLOCK_N columns
-        kernel, NUM_STAGES = rmsnorm_looped_kernel, 2
-        BLOCK_N, BLOCK_ROWS = 4096, 1
-    NUM_WARPS = 4 if BLOCK_ROWS * BLOCK_N <= 2048 else 8 if BLOCK_ROWS * BLOCK_N <= 8192 else 16
-    launch_rows(kernel, triton.cdiv(n_rows, BLOCK_ROWS), device, (
+        # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
+        kernel, BLOCK_N, BLOCK_ROWS = rmsnorm_looped_kernel, 8192, 1
+        NUM_WARPS, NUM_STAGES, PER_SM = 16, 4, 4
+    launch_rows(kernel, triton.cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, eps, Y,
         n_rows, n_cols,
         X.stride(0), X.stride(1), W.stride(0), Y.stride(0), Y.stride(1),

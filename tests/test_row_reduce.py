@@ -111,10 +111,10 @@ class Launches:
         self.options = []
         real = module.launch_rows
 
-        def spy(kernel, n_tiles, device, args, **options):
+        def spy(kernel, n_tiles, per_sm, device, args, **options):
             self.kernels.append(kernel)
             self.options.append(options)
-            return real(kernel, n_tiles, device, args, **options)
+            return real(kernel, n_tiles, per_sm, device, args, **options)
         monkeypatch.setattr(module, "launch_rows", spy)
 
 

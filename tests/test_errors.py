@@ -1,0 +1,220 @@
+"""Bad specs: each gives a KgenError (never a Lark exception or a Python traceback) with
+``path:line:col: message``, the source line and a caret under the offending column."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen
+import kgen.dtypes as D
+from kgen.check import Arg, headerless_inputs
+from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
+from kgen.parse import parse
+from kgen.pipeline import generate
+
+PATH = "specs/bad.k"
+
+
+def build(text: str):
+    """The whole pipeline up to Triton source; a headerless spec gets f16 inputs of rank 2."""
+    module = parse(text, PATH)
+    args = None
+    if module.kernels and module.kernels[0].headerless:
+        inputs, _ = headerless_inputs(module.kernels[0])
+        args = {"kernel": tuple(Arg(D.F16, (False, False)) for _ in inputs)}
+    return generate(text, PATH, args)
+
+
+def K(body: str, params: str = "X: f16[M, N]", out: str = "Y: f16[M, N]", tail: str = "") -> str:
+    """A one-kernel module; the body starts on line 2, column 5."""
+    return f"kernel f({params}) -> {out} {{\n    {body}\n}}\n{tail}"
+
+
+CASES = [
+    # --- syntax ---------------------------------------------------------------------
+    ("unexpected token", K("Y = X + )"), 2, 13, "unexpected ')'", SpecError),
+    ("unexpected end of line", K("Y = X +"), 2, 12, "unexpected end of line", SpecError),
+    ("unexpected end of input", "kernel f(X: f16[M, N]) -> Y: f16[M, N] {\n    Y = X\n", 2, 10,
+     "unexpected end of input; expected '}'", SpecError),
+    ("unclosed parenthesis", "Y = (X + 1", 1, 11, "unexpected end of input; expected ')'", SpecError),
+    ("unexpected character", "Y = X $ 2", 1, 7, "unexpected character '$'", SpecError),
+    ("non-ascii character", "Y = é + 1", 1, 5, "unexpected character 'é'", SpecError),
+    ("chained comparison", K("Y = X < 1 < 2"), 2, 15, "unexpected '<'", SpecError),
+    ("indexing", K("Y = X[0]"), 2, 10, "unexpected '['", SpecError),
+    ("positional after keyword", K("Y = leaky_relu(alpha=0.1, X)"), 2, 31,
+     "positional argument after a keyword argument", SpecError),
+    ("huge literal", K("Y = X * 1e999"), 2, 13, "number 1e999 is too large for a float", SpecError),
+    ("huge default", K("Y = X * a", "X: f16[M, N], a: f32 = 1e999"), 1, 37, "too large", SpecError),
+    # --- names ----------------------------------------------------------------------
+    ("unknown name", K("Y = Xs + 1"), 2, 9, "unknown name 'Xs' (did you mean 'X'?)", SpecError),
+    ("unknown name, no close match", K("Y = X + qqq"), 2, 13, "unknown name 'qqq'", SpecError),
+    ("unknown function", K("Y = sigmod(X)"), 2, 9, "unknown function 'sigmod' (did you mean 'sigmoid'?)",
+     SpecError),
+    ("unknown function, headerless", "t = X * 2\nY = gleu(t)", 2, 5,
+     "unknown function 'gleu' (did you mean 'gelu'?)", SpecError),
+    ("unknown dtype", K("Y = X", "X: f61[M, N]"), 1, 13, "unknown dtype 'f61' (did you mean 'f16'?)", SpecError),
+    ("unknown output dtype", K("Y = X", out="Y: flaot[M, N]"), 1, 30, "unknown dtype 'flaot'", SpecError),
+    ("reserved name tl", K("Y = tl", "tl: f16[M, N]"), 1, 10, "'tl' cannot name a parameter", SpecError),
+    ("reserved name def", K("def = X\n    Y = X"), 2, 5, "'def' cannot name a value", SpecError),
+    ("reserved name os", K("os = X\n    Y = os"), 2, 5, "'os' cannot name a value", SpecError),
+    ("reserved name X_ptr", K("Y = X_ptr", "X_ptr: f16[M, N]"), 1, 10, "'X_ptr' cannot name a parameter",
+     SpecError),
+    ("reserved host local", K("Y = device", "device: f16[M, N]"), 1, 10, "'device' cannot name", SpecError),
+    ("reserved kernel name", "kernel torch(X: f16[N]) -> Y {\n    Y = X\n}\n", 1, 8, "'torch' cannot name a kernel",
+     SpecError),
+    ("reserved output name", K("out = X", out="out"), 1, 27, "'out' cannot name", SpecError),
+    ("reserved function name", K("exp = X\n    Y = exp"), 2, 5, "'exp' cannot name a value", SpecError),
+    ("reserved headerless name", "Y = X_stride0 * 2", 1, 5, "'X_stride0' cannot name a parameter", SpecError),
+    # --- definitions ----------------------------------------------------------------
+    ("duplicate assignment", K("Z = X\n    Z = X + 1\n    Y = Z"), 3, 5, "'Z' is already assigned", SpecError),
+    ("duplicate headerless assignment", "Y = X\nY = X + 1", 2, 1, "'Y' is assigned twice", SpecError),
+    ("assigning a parameter", K("X = X + 1\n    Y = X"), 2, 5, "'X' is a parameter", SpecError),
+    ("output never assigned", K("Z = X"), 1, 27, "output 'Y' is never assigned", SpecError),
+    ("empty body", "kernel f(X: f16[N]) -> Y {\n}\n", 1, 24, "output 'Y' is never assigned", SpecError),
+    ("parameter twice", K("Y = X", "X: f16[M, N], X: f16[M, N]"), 1, 24, "parameter 'X' is declared twice",
+     SpecError),
+    ("kernel twice", K("Y = X") + K("Y = X"), 4, 8, "kernel 'f' is defined twice", SpecError),
+    ("dimension as value", K("N = X\n    Y = N"), 2, 5, "'N' names both a dimension and a value", SpecError),
+    ("tensor default", K("Y = X", "X: f16[M, N] = 1"), 1, 26, "only scalar parameters can have a default",
+     SpecError),
+    ("int default", K("Y = X * n", "X: f16[M, N], n: i32 = 1.5"), 1, 35, "default 1.5 is not a valid i32",
+     SpecError),
+    ("rank 5", K("Y = X", "X: f16[M, N, K, L, P]", "Y"), 1, 13, "tensors of rank 5 are not supported", SpecError),
+    ("declared shape differs", K("Y = X", out="Y: f16[N, M]"), 1, 30,
+     "output 'Y' is declared f16[N, M] but the body computes f16[M, N]", SpecError),
+    # --- calls ----------------------------------------------------------------------
+    ("wrong arity", K("Y = exp(X, X)"), 2, 9, "exp takes at most 1 arguments (x), got 2", SpecError),
+    ("missing argument", K("Y = where(X > 0, X)"), 2, 9, "where needs 'b'", SpecError),
+    ("unknown keyword", K("Y = leaky_relu(X, alpah=0.1)"), 2, 23,
+     "leaky_relu has no argument 'alpah' (did you mean 'alpha'?)", SpecError),
+    ("keyword twice", K("Y = exp(X, x=X)"), 2, 16, "exp got 'x' twice", SpecError),
+    ("max of two tensors", K("Y = max(X, X, 1)"), 2, 9, "use maximum(a, b)", SpecError),
+    ("clamp without bounds", K("Y = clamp(X)"), 2, 9, "clamp needs lo, hi or both", SpecError),
+    ("where's condition", K("Y = where(X, X, X)"), 2, 15, "where's condition must be bool", SpecError),
+    ("bool arithmetic", K("Y = (X > 0) * X"), 2, 10, "'*' does not take bool values", SpecError),
+    ("integer power", K("Y = X ** 2", "X: i32[M, N]", "Y"), 2, 9, "integer powers are not supported", SpecError),
+    # --- shapes ---------------------------------------------------------------------
+    ("broadcast mismatch", K("Y = X + b", "X: f16[M, N], b: f16[K]"), 2, 9,
+     "cannot broadcast f16[M, N] with f16[K]", SpecError),
+    ("bad axis", K("Y = sum(X, axis=2)", out="Y"), 2, 21, "axis 2 is out of range for f16[M, N] (rank 2)",
+     SpecError),
+    ("bad axis, headerless", "Y = sum(X, axis=-3)", 1, 17, "axis -3 is out of range for f16[M, N] (rank 2)",
+     SpecError),
+    ("axis not a literal", "Y = sum(X, axis=N)", 1, 17, "axis must be an integer literal", SpecError),
+    ("reduction of a scalar", K("Y = sum(s)", "s: f32", "Y"), 2, 13, "needs a tensor with at least one axis",
+     SpecError),
+    ("matmul inner dims", K("Y = X @ X", out="Y"), 2, 9, "inner dimensions differ: f16[M, N] @ f16[M, N]",
+     SpecError),
+    ("matmul dtypes", K("Y = X @ W", "X: f16[M, K], W: f32[K, N]", "Y"), 2, 9, "'@' needs operands of one dtype",
+     SpecError),
+    ("outputs of two shapes", "Y = A + 1; Z = B * 2", 1, 12, "must share one shape", UnsupportedError),
+    # --- schedules ------------------------------------------------------------------
+    ("schedule for unknown kernel", K("Y = X", tail="schedule g {\n    BLOCK_SIZE = 64\n}\n"), 4, 10,
+     "schedule for unknown kernel 'g'", SpecError),
+    ("schedule did-you-mean", "kernel softmax(X: f16[N]) -> Y {\n    Y = X\n}\nschedule sofmax {\n}\n", 4, 10,
+     "schedule for unknown kernel 'sofmax' (did you mean 'softmax'?)", SpecError),
+    ("schedule key twice", K("Y = X", tail="schedule f {\n    BLOCK_SIZE = 64\n    BLOCK_SIZE = 128\n}\n"), 6, 5,
+     "'BLOCK_SIZE' is set twice", SpecError),
+    ("two schedules", K("Y = X", tail="schedule f {\n}\nschedule f {\n}\n"), 6, 10, "has two schedule sections",
+     SpecError),
+    ("schedule key unknown to the pattern", K("Y = X", tail="schedule f {\n    BLOK_SIZE = 64\n}\n"), 1, 1,
+     "not 'BLOK_SIZE'", SpecError),
+    ("schedule value not a power of two", K("Y = X", tail="schedule f {\n    BLOCK_SIZE = [64, 96]\n}\n"), 1, 1,
+     "BLOCK_SIZE must be a power of two, got 96", SpecError),
+]
+
+
+@pytest.mark.parametrize("text, line, col, fragment, kind", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_spec(text, line, col, fragment, kind):
+    with pytest.raises(KgenError) as info:
+        build(text)
+    err = info.value
+    assert type(err) is kind, f"{type(err).__name__}: {err}"
+    assert fragment in err.message
+    assert (err.span.line, err.span.col) == (line, col), str(err)
+    rendered = str(err).splitlines()
+    assert rendered[0] == f"{PATH}:{line}:{col}: {err.message}"
+    source_line = text.splitlines()[line - 1]
+    assert rendered[1] == "    " + source_line
+    caret = rendered[2]
+    assert caret.strip() and set(caret.strip()) == {"^"}
+    assert caret.index("^") == 4 + col - 1, "the caret sits under the column"
+
+
+def test_every_case_is_distinct():
+    assert len({c[0] for c in CASES}) == len(CASES)
+    assert len({c[1] for c in CASES}) == len(CASES)
+
+
+def test_error_through_compile_and_call_names_the_file(tmp_path):
+    spec = tmp_path / "oops.k"
+    spec.write_text(K("Y = sigmod(X)"))
+    with pytest.raises(SpecError) as info:
+        kgen.compile(spec)
+    assert str(info.value).startswith(f"{spec.as_posix()}:2:9: unknown function 'sigmod'")
+    # a headerless spec is checked at its first call, when types are known
+    k = kgen.compile("Y = X + gleu(X)")
+    with pytest.raises(SpecError, match=r"<string>:1:9: unknown function 'gleu' \(did you mean 'gelu'\?\)"):
+        k(__import__("torch").ones(3))
+
+
+def test_missing_spec_file_and_empty_spec():
+    with pytest.raises(KgenError, match="no such spec file"):
+        kgen.compile("specs/does_not_exist.k")
+    with pytest.raises(SpecError, match="no statements"):
+        build("# nothing\n")
+
+
+def test_kinds_are_kgen_errors():
+    assert issubclass(SpecError, KgenError) and issubclass(CallError, KgenError)
+    assert issubclass(UnsupportedError, SpecError)
+
+
+def test_deep_nesting_is_a_spec_error():
+    with pytest.raises(SpecError, match="too deeply"):
+        build("Y = " + "(" * 3000 + "X" + ")" * 3000)
+    with pytest.raises(SpecError):
+        build("Y = " + "exp(" * 1500 + "X" + ")" * 1500)
+
+
+SEEDS = [
+    K("t = leaky_relu(X * 2.5, alpha=0.2)\n    Y = where(t > 0, exp(t), -t) ** 2 + sum(X, axis=-1)",
+      tail="schedule f {\n    BLOCK_SIZE = [64, 128]\n}\n"),
+    "t = X * sigmoid(X) + B; Y = clamp(t, lo=-1, hi=1)\nZ = f16(t) @ W",
+    "kernel g(A: [f16[M, K]], B: f32[4, N], s: f32 = -1) -> (C: f16[M, N], D) {\n    C = A\n    D = s\n}\n",
+]
+TOKENS = ["(", ")", ",", "=", "**", "@", "exp", "X", "1e999", "99999999999", "\n", ";", "[", "]", "{", "}",
+          "kernel", "schedule", "->", ":", "f16", "#", "-", "axis=", "\\", "\t", "é", "i32", "bool", "0", ".",
+          "out", "Y", "sum(", "max(X)", "[f16[N]]", "where(", "X > 0", " ", "N", "1.5", "bf16(X)"]
+
+
+@st.composite
+def mutated(draw):
+    text = draw(st.sampled_from(SEEDS))
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(text)))
+        how = draw(st.integers(0, 2))
+        if how == 0:
+            text = text[:i] + draw(st.sampled_from(TOKENS)) + text[i:]
+        elif how == 1:
+            text = text[:i] + text[i + draw(st.integers(1, 6)):]
+        else:
+            j = draw(st.integers(0, len(text)))
+            text = text[:i] + text[min(i, j):max(i, j)] + text[i:]
+    return text
+
+
+@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutated_specs_fail_only_with_kgen_errors(text):
+    """Whatever the text, the pipeline either generates source or raises a KgenError whose
+    span (if any) points into the text."""
+    try:
+        build(text)
+    except KgenError as e:
+        assert type(e) in (SpecError, UnsupportedError)
+        if e.span is not None:
+            lines = text.splitlines() or [""]
+            assert 1 <= e.span.line <= max(len(lines), 1)
+            assert str(e).startswith(f"{PATH}:{e.span.line}:{e.span.col}: ")
