@@ -110,11 +110,12 @@ class Kernel:
 
     def __call__(self, *args, **kwargs):
         try:
-            if self._tuner is not None:
-                config = self._tuner.choose(args, kwargs)
-                if config is not None:
-                    kwargs = {**kwargs, "config": config}
-            return self._host(*args, **kwargs)
+            if self._tuner is None:
+                return self._host(*args, **kwargs)
+            config = self._tuner.choose(args, kwargs)
+            if config is None:
+                return self._host(*args, **kwargs)
+            return self._host(*args, config=config, **kwargs)
         except self._argument_error as e:
             raise CallError(f"{self.name}: {e}") from None
         except TypeError as e:

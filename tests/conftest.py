@@ -52,3 +52,41 @@ def cache_dir():
     """The session's kgen module cache (a ``pathlib.Path``)."""
     from kgen.runtime import cache_dir as current
     return current()
+
+
+class Launches:
+    """Counts the launches of a generated module's ``@triton.jit`` kernels."""
+
+    def __init__(self):
+        self.count = 0
+        self.kwargs: list[dict] = []      # the keyword arguments of each launch (INT64, BLOCK_SIZE, ...)
+
+
+class _Counting:
+    def __init__(self, fn, launches: Launches, run: bool):
+        self.fn, self.launches, self.run = fn, launches, run
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.count += 1
+            self.launches.kwargs.append(kwargs)
+            if self.run:
+                return self.fn[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    """``launches = watch(module, run=True)``: count launches of every ``*_kernel`` of a
+    generated module; with ``run=False`` they are recorded but not run."""
+    from triton.runtime.jit import KernelInterface
+
+    def install(module, run: bool = True) -> Launches:
+        launches, wrapped = Launches(), 0
+        for name, value in list(vars(module).items()):
+            if name.endswith("_kernel") and isinstance(value, KernelInterface):
+                monkeypatch.setattr(module, name, _Counting(value, launches, run))
+                wrapped += 1
+        assert wrapped, f"no *_kernel in {module.__name__}"
+        return launches
+    return install

@@ -63,41 +63,6 @@ def as_tuple(result):
     return result if isinstance(result, tuple) else (result,)
 
 
-class Launches:
-    """Counts (and optionally suppresses) launches of a generated module's kernels."""
-
-    def __init__(self):
-        self.count = 0
-        self.kwargs = []
-
-
-class _Counting:
-    def __init__(self, fn, launches: Launches, run: bool):
-        self.fn, self.launches, self.run = fn, launches, run
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.count += 1
-            self.launches.kwargs.append(kwargs)
-            if self.run:
-                return self.fn[grid](*args, **kwargs)
-        return launch
-
-
-@pytest.fixture
-def watch(monkeypatch):
-    """``launches = watch(module, run=True)``: count launches of every ``*_kernel`` in it."""
-    from triton.runtime.jit import KernelInterface
-
-    def install(module, run: bool = True) -> Launches:
-        launches = Launches()
-        for name, value in list(vars(module).items()):
-            if name.endswith("_kernel") and isinstance(value, KernelInterface):
-                monkeypatch.setattr(module, name, _Counting(value, launches, run))
-        return launches
-    return install
-
-
 # Eager PyTorch for the language's statements: dtypes and shapes must agree with it.
 def _t(x):
     return x if isinstance(x, torch.Tensor) else torch.tensor(x)

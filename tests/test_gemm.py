@@ -602,10 +602,10 @@ def test_progress_on_stderr_only_when_slow(cache, monkeypatch, capsys):
 def test_autotune_off_and_interpreter_use_the_heuristic(cache, monkeypatch):
     kernel, args = tuned_host()
     calls = []
-    tuner = make_tuner(kernel, fake_clock({}, calls))
-    monkeypatch.setenv("KGEN_AUTOTUNE", "0")
-    assert tuner.choose(args, {}) is None
+    monkeypatch.setenv("KGEN_AUTOTUNE", "0")                         # read when the kernel is compiled
+    assert make_tuner(kernel, fake_clock({}, calls)).choose(args, {}) is None
     monkeypatch.delenv("KGEN_AUTOTUNE")
+    tuner = make_tuner(kernel, fake_clock({}, calls))
     assert tuner.choose(args, {"config": CONFIGS[0]}) is None       # the caller's own config wins
     host = getattr(kernel.module, kernel.name)
     unforced = autotune.Tuner(host, autotune.Tuning(CONFIGS), kernel.source, kernel.name, bench=fake_clock({}, calls))

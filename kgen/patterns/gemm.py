@@ -178,11 +178,87 @@ class GemmPlan:
     template: str = "gemm.jinja"
 
 
+@dataclass(frozen=True)
+class Lowered:
+    """A GEMM kernel's parts that do not depend on how its programs walk the tiles:
+    the operand tiles (with any prologue), the dot, the epilogue's loads, body and
+    stores.  The tiled and persistent kernels here and the grouped GEMM print them."""
+
+    mm: Node
+    nodes: tuple[Node, ...]         # every node the outputs need
+    tensors: tuple[str, ...]        # input tensors the kernel reads, in spec order
+    scalars: tuple[str, ...]
+    outputs: tuple[str, ...]
+    epilogue_tensors: tuple[str, ...]   # the inputs the epilogue reads
+    strides: dict                   # tensor -> the axes whose strides the kernel takes
+    out_shape: tuple
+    a: Tile
+    b: Tile
+    a_name: str                     # the tensors the operands are read from
+    b_name: str
+    same: bool                      # A @ A: one tensor, two tiles
+    dot: str
+    int64_casts: tuple[str, ...]
+    loads: tuple[str, ...]
+    body: tuple[Line, ...]
+    stores: tuple[str, ...]
+
+
 def match(kir: KernelIR) -> GemmPlan | None:
+    if any(p.is_list for p in kir.params):
+        return None       # a grouped GEMM (list parameters)
+    low = lower(kir)
+    if low is None:
+        return None       # not a GEMM
+    mm, out_shape, strides = low.mm, low.out_shape, low.strides
+    lhs, rhs = mm.inputs
+    tensors, scalars, outputs = list(low.tensors), list(low.scalars), list(low.outputs)
+    a_name, b_name, same = low.a_name, low.b_name, low.same
+    batched = len(out_shape) == 3
+    a_input, b_input = kir.nodes[a_name], kir.nodes[b_name]
+    stride_lines = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tensors + outputs
+                         if strides[t])
+    sizes = (str(mm.shape[-2]), str(mm.shape[-1]), str(lhs.shape[-1]))
+    launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
+        ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
+    # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
+    tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
+    epilogue_tensors = list(low.epilogue_tensors)
+    tma_tensors = epilogue_tensors + outputs
+    tma_pointers = (f"{a_name}_desc", f"{b_name}_desc") + tuple(scalars) + tuple(f"{t}_ptr" for t in tma_tensors)
+    tma_strides = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tma_tensors
+                        if strides[t])
+    tma_launch = (", ".join([f"{a_name}_desc", f"{b_name}_desc"] + scalars + tma_tensors), ", ".join(sizes)) + \
+        tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tma_tensors if strides[t])
+    if tma:
+        _check_derived(kir, [f"{a_name}_desc", f"{b_name}_desc"])
+    candidates, rows, tunable = _schedule(kir, lhs.dtype, tma)
+    h = host(kir)
+    summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
+               f"{', '.join(outputs)}{_shape(out_shape)}")
+    return GemmPlan(
+        name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
+        pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs),
+        strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
+        int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
+        helpers=helpers_for(low.nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
+        launch=launch, tensors=tuple(tensors + outputs),
+        configs=tuple(_config_text(c) for c in candidates),
+        heuristic=tuple((_condition(m, mn), _config_text(_config(c))) for m, mn, c in rows),
+        tma=any(c.get("TMA") for c in candidates), tma_pointers=tma_pointers, tma_strides=tma_strides,
+        tma_launch=tma_launch,
+        operands=(a_name, b_name), interpreter=_config_text(_config(INTERPRETER_CONFIG)),
+        scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
+
+
+def lower(kir: KernelIR) -> Lowered | None:
+    """The parts of a GEMM kernel (see ``Lowered``), or None when the kernel has no matmul.
+    What is outside the pattern (a second matmul, a reduction after it) is an error."""
     nodes = topo_order(o.node for o in kir.outputs)
     matmuls = [n for n in nodes if n.op is Op.MATMUL]
-    if not matmuls or any(p.is_list for p in kir.params):
-        return None       # not a GEMM, or a grouped one (list parameters)
+    if not matmuls:
+        return None
     if len(matmuls) > 1:
         first, second = matmuls[:2]
         same = all(x is y for x, y in zip(first.inputs, second.inputs))
@@ -284,41 +360,12 @@ def match(kir: KernelIR) -> GemmPlan | None:
     for step in dict.fromkeys((a_tile.step, b_tile.step)):
         int64.append(f"{step} = tl.cast({step}, tl.int64)")
 
-    outputs = [o.name for o in kir.outputs]
-    stride_lines = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tensors + outputs
-                         if strides[t])
-    sizes = (str(mm.shape[-2]), str(mm.shape[-1]), str(lhs.shape[-1]))
-    launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
-        ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
-    # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
-    tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
-    epilogue_tensors = [t for t in tensors if id(kir.nodes[t]) in epilogue_reads]
-    tma_tensors = epilogue_tensors + outputs
-    tma_pointers = (f"{a_name}_desc", f"{b_name}_desc") + tuple(scalars) + tuple(f"{t}_ptr" for t in tma_tensors)
-    tma_strides = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tma_tensors
-                        if strides[t])
-    tma_launch = (", ".join([f"{a_name}_desc", f"{b_name}_desc"] + scalars + tma_tensors), ", ".join(sizes)) + \
-        tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tma_tensors if strides[t])
-    if tma:
-        _check_derived(kir, [f"{a_name}_desc", f"{b_name}_desc"])
-    candidates, rows, tunable = _schedule(kir, lhs.dtype, tma)
-    h = host(kir)
-    summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
-               f"{', '.join(outputs)}{_shape(out_shape)}")
-    return GemmPlan(
-        name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
-        pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs),
-        strides=stride_lines, batched=batched, a=a_tile, b=b_tile, dot=f"acc = tl.dot({dot_args})",
-        int64_casts=tuple(int64), loads=tuple(loads), body=tuple(body), stores=tuple(stores),
-        helpers=helpers_for(nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
-        launch=launch, tensors=tuple(tensors + outputs),
-        configs=tuple(_config_text(c) for c in candidates),
-        heuristic=tuple((_condition(m, mn), _config_text(_config(c))) for m, mn, c in rows),
-        tma=any(c.get("TMA") for c in candidates), tma_pointers=tma_pointers, tma_strides=tma_strides,
-        tma_launch=tma_launch,
-        operands=(a_name, b_name), interpreter=_config_text(_config(INTERPRETER_CONFIG)),
-        scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
-        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
+    epilogue_tensors = tuple(t for t in tensors if id(kir.nodes[t]) in epilogue_reads)
+    return Lowered(mm=mm, nodes=tuple(nodes), tensors=tuple(tensors), scalars=tuple(scalars),
+                   outputs=tuple(o.name for o in kir.outputs), epilogue_tensors=epilogue_tensors,
+                   strides=strides, out_shape=tuple(out_shape), a=a_tile, b=b_tile, a_name=a_name, b_name=b_name,
+                   same=same, dot=f"acc = tl.dot({dot_args})", int64_casts=tuple(int64), loads=tuple(loads),
+                   body=tuple(body), stores=tuple(stores))
 
 
 # --- operands -------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""Calls: a bad call is a CallError that names the argument, what was expected and what
+was given, raised before any launch; compile() by text or path; the module cache."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kgen
+from kgen.errors import CallError, KgenError, SpecError
+
+from conftest import DEVICE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bias_gelu():
+    return kgen.compile(ROOT / "specs" / "bias_gelu.k")
+
+
+@pytest.fixture(scope="module")
+def act():
+    return kgen.compile("kernel act(X: f16[N], alpha: f32 = 0.2, n: i32 = 2) -> Y: f16[N] {\n"
+                        "    Y = leaky_relu(X, alpha) * n\n}\n")
+
+
+def x16(*shape):
+    return torch.randn(*shape, device=DEVICE).half()
+
+
+BAD_DECLARED = [
+    # (args, kwargs, fragments the message must hold)
+    ((x16(4, 8),), {}, ["bias_gelu", "missing", "'bias'"]),
+    ((x16(4, 8), x16(8), x16(8)), {}, ["takes 2 positional arguments but 3 were given"]),
+    ((x16(4, 8).float(), x16(8)), {}, ["x:", "expected f16[M, N]", "torch.float32", "(4, 8)"]),
+    ((x16(4, 8), x16(1, 8)), {}, ["bias:", "expected f16[N]", "shape (1, 8)"]),
+    ((x16(4, 8, 1), x16(8)), {}, ["x:", "expected f16[M, N]", "shape (4, 8, 1)"]),
+    ((x16(4, 8), x16(7)), {}, ["bias:", "f16[N] = [8]", "from x", "got shape (7,)"]),
+    ((x16(4, 8), [1.0] * 8), {}, ["bias:", "expected a tensor f16[N]", "got list"]),
+    ((x16(4, 8), 1.0), {}, ["bias:", "expected a tensor f16[N]", "got float"]),
+    ((x16(4, 8),), {"bias": x16(8), "z": 1}, ["unexpected keyword argument 'z'"]),
+    ((x16(4, 8), x16(8)), {"bias": x16(8)}, ["multiple values for argument 'bias'"]),
+    ((x16(4, 8), x16(8)), {"out": torch.empty(4, 8, device=DEVICE)}, ["out (y)", "torch.float16", "torch.float32"]),
+    ((x16(4, 8), x16(8)), {"out": x16(3, 8)}, ["out (y)", "shape (4, 8)", "shape (3, 8)"]),
+    ((x16(4, 8), x16(8)), {"out": (x16(4, 8), x16(4, 8))}, ["out: expected 1 tensor(s), got 2"]),
+]
+
+
+@pytest.mark.parametrize("args, kwargs, fragments", BAD_DECLARED)
+def test_bad_calls_of_a_declared_kernel(bias_gelu, watch, args, kwargs, fragments):
+    launches = watch(bias_gelu.module)
+    with pytest.raises(CallError) as info:
+        bias_gelu(*args, **kwargs)
+    for f in fragments:
+        assert f in str(info.value)
+    assert launches.count == 0
+
+
+@pytest.mark.parametrize("args, kwargs, fragments", [
+    ((x16(5), torch.tensor(0.5)), {}, ["alpha:", "expected a Python float", "got Tensor"]),
+    ((x16(5), True), {}, ["alpha:", "got bool"]),
+    ((x16(5), 0.5, 2.5), {}, ["n:", "expected a Python int", "got float"]),
+    ((x16(5), "0.5"), {}, ["alpha:", "got str"]),
+    ((x16(5),), {"n": torch.tensor(3)}, ["n:", "got Tensor"]),
+])
+def test_bad_scalar_arguments(act, watch, args, kwargs, fragments):
+    launches = watch(act.module)
+    with pytest.raises(CallError) as info:
+        act(*args, **kwargs)
+    for f in fragments:
+        assert f in str(info.value)
+    assert launches.count == 0
+
+
+def test_scalar_arguments_accept_python_numbers(act):
+    x = x16(5)
+    want = torch.where(x >= 0, x.double(), x.double() * 0.5) * 3
+    torch.testing.assert_close(act(x, 0.5, 3).double(), want.half().double(), atol=1e-3, rtol=2e-3)
+    torch.testing.assert_close(act(x, 1, n=3).double(), (torch.where(x >= 0, x.double(), x.double()) * 3).half()
+                               .double(), atol=1e-3, rtol=2e-3)
+
+
+HEADERLESS = "Y = X * sigmoid(X) + B"
+
+
+@pytest.mark.parametrize("args, kwargs, fragments", [
+    ((x16(4, 8),), {}, ["expected 2 inputs (X, B), got 1"]),
+    ((x16(4, 8), x16(8), x16(8)), {}, ["expected 2 inputs (X, B), got 3"]),
+    ((x16(4, 8), x16(8)), {"C": 1}, ["unknown input 'C'", "X, B"]),
+    ((x16(4, 8), x16(8)), {"B": x16(8)}, ["input 'B' given twice"]),
+    ((), {"X": x16(4, 8)}, ["missing input(s): B"]),
+    ((x16(4, 8).double(), x16(8)), {}, ["X:", "torch.float64 is not supported"]),
+    ((x16(4, 8).long(), x16(8)), {}, ["X:", "torch.int64 is not supported"]),
+    ((torch.randn(1, 2, 1, 2, 1, device=DEVICE), x16(8)), {}, ["X:", "rank 5"]),
+    ((x16(4, 8), "s"), {}, ["B:", "expected a tensor or a Python number, got str"]),
+    ((x16(4, 8), None), {}, ["B:", "got NoneType"]),
+    ((x16(4, 8), True), {}, ["B:", "got bool"]),
+    ((x16(4, 8), x16(7)), {}, ["B:", "f16[N] = [8]", "from X", "got shape (7,)"]),
+    ((x16(4, 8), x16(5, 8)), {}, ["B:", "got shape (5, 8)"]),
+    ((x16(4, 8), x16(8)), {"out": torch.empty(4, 8, device=DEVICE)}, ["out (Y)", "torch.float16", "torch.float32"]),
+])
+def test_bad_calls_of_a_headerless_kernel(args, kwargs, fragments):
+    k = kgen.compile(HEADERLESS)
+    with pytest.raises(CallError) as info:
+        k(*args, **kwargs)
+    for f in fragments:
+        assert f in str(info.value)
+
+
+def test_headerless_mismatch_raises_before_any_launch(watch):
+    k = kgen.compile(HEADERLESS)
+    k(x16(4, 8), x16(8))
+    launches = watch(k._last.module)
+    with pytest.raises(CallError):
+        k(x16(4, 8), x16(7))
+    with pytest.raises(CallError):
+        k(x16(4, 8), x16(8), out=x16(4, 7))
+    assert launches.count == 0
+    k(x16(4, 8), x16(8))
+    assert launches.count == 1
+
+
+@pytest.mark.gpu
+def test_tensors_on_different_devices():
+    k = kgen.compile(HEADERLESS)
+    with pytest.raises(CallError, match=r"B: expected a tensor on cuda"):
+        k(torch.randn(4, 8, device="cuda"), torch.randn(8))
+    d = kgen.compile(ROOT / "specs" / "vector_add.k")
+    with pytest.raises(CallError, match=r"y:.*cuda"):
+        d(torch.randn(8, device="cuda"), torch.randn(8))
+    with pytest.raises(CallError, match=r"out \(z\)"):
+        d(torch.randn(8, device="cuda"), torch.randn(8, device="cuda"), out=torch.empty(8))
+
+
+def test_errors_are_kgen_errors():
+    with pytest.raises(KgenError):
+        kgen.compile(HEADERLESS)(1)
+    assert issubclass(CallError, KgenError) and not issubclass(CallError, SpecError)
+
+
+def test_compile_takes_text_a_path_string_or_a_path(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    by_str = kgen.compile("specs/vector_add.k")
+    by_path = kgen.compile(Path("specs/vector_add.k"))
+    by_text = kgen.compile((ROOT / "specs" / "vector_add.k").read_text())
+    assert by_str.name == by_path.name == by_text.name == "vector_add"
+    assert "from specs/vector_add.k" in by_str.source
+    assert "from <string>" in by_text.source
+    x, y = torch.randn(7, device=DEVICE), torch.randn(7, device=DEVICE)
+    for k in (by_str, by_path, by_text):
+        torch.testing.assert_close(k(x, y), x + y)
+    assert repr(by_str).startswith("<kgen.Kernel vector_add(x, y) -> z")
+
+
+def test_a_file_with_several_kernels_gives_them_by_name(tmp_path):
+    spec = tmp_path / "two.k"
+    spec.write_text("kernel double(X: f32[N]) -> Y {\n    Y = X * 2\n}\n"
+                    "kernel shift(X: f32[N], s: f32 = 1.0) -> Y {\n    Y = X + s\n}\n")
+    ks = kgen.compile(spec)
+    assert set(ks) == {"double", "shift"}
+    x = torch.randn(6, device=DEVICE)
+    torch.testing.assert_close(ks.double(x), x * 2)
+    torch.testing.assert_close(ks["shift"](x), x + 1)
+    assert ks.double.module is ks.shift.module          # one module for the file
+    with pytest.raises(AttributeError):
+        ks.triple
+
+
+def test_headerless_source_before_and_after_a_call():
+    k = kgen.compile("Y = exp(X) + B")
+    assert k.inputs == ("X", "B") and k.outputs == ("Y",)
+    before = k.source                                   # an f32 example
+    assert "tl.exp(X)" in before and k.pattern == "elementwise"
+    k(x16(3, 4), x16(4))
+    assert k.source != before and "torch.float16" in k.source
+    assert k.ir.params[0].dtype.name == "f16"
+
+
+def test_interpreter_is_announced_once(capfd):
+    if torch.cuda.is_available():
+        pytest.skip("runs compiled on a GPU")
+    import kgen.runtime as rt
+    rt._announced = False
+    rt.use_interpreter_if_no_gpu()
+    rt.use_interpreter_if_no_gpu()
+    err = capfd.readouterr().err
+    assert err.count("TRITON_INTERPRET=1") == 1
