@@ -173,8 +173,8 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     if BLOCK_N <= 16384:
         # the row fits on chip; narrow rows go several to a tile, one tile per program
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
-        NUM_WARPS = 8 if BLOCK_N <= 256 else 4 if BLOCK_N <= 2048 else 8 if BLOCK_N <= 4096 else 16
-        NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 8192 else 2
+        NUM_WARPS = 8 if BLOCK_N <= 256 else 4 if BLOCK_N <= 2048 else 8 if BLOCK_N <= 8192 else 16
+        NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time

@@ -162,19 +162,23 @@ def broadcast_of(draw, out_shape):
     return tuple(1 if draw(st.booleans()) and draw(st.booleans()) else d for d in kept)
 
 
-LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
+LAYOUTS = ("contiguous", "transposed", "rotated", "sliced", "expanded")
 
 
 def make_tensor(values: torch.Tensor, layout: str, out_shape, dtype) -> torch.Tensor:
     """``values`` (float64) as a tensor of ``dtype`` laid out as ``layout`` asks."""
     values = values.to(dtype)
     rank = values.dim()
-    if layout == "transposed" and rank >= 2:
-        perm = list(range(rank))[::-1]
-        base = values.permute(perm).contiguous()          # the memory order is reversed
-        return base.permute(perm)
+    if layout in ("transposed", "rotated") and rank >= 2:
+        # memory order reversed, or the first axis innermost
+        perm = list(range(rank))[::-1] if layout == "transposed" else list(range(1, rank)) + [0]
+        inverse = [perm.index(i) for i in range(rank)]
+        base = values.permute(perm).contiguous()
+        return base.permute(inverse)
     if layout == "sliced" and rank >= 1:
-        base = torch.full([2 * s + 1 for s in values.shape], float("nan"), dtype=dtype, device=DEVICE)
+        # every other element of a larger buffer, from an offset; the gaps hold a sentinel
+        fill = float("nan") if dtype.is_floating_point else -12345
+        base = torch.full([2 * s + 1 for s in values.shape], fill, dtype=dtype, device=DEVICE)
         view = base[tuple(slice(1, None, 2) for _ in values.shape)]
         view.copy_(values)
         return view
@@ -188,6 +192,8 @@ def make_tensor(values: torch.Tensor, layout: str, out_shape, dtype) -> torch.Te
 def draw_values(data, shape, dtype, nan: bool, scale: float | None = None) -> torch.Tensor:
     seed = data.draw(st.integers(0, 2**31 - 1), label="seed")
     gen = torch.Generator().manual_seed(seed)
+    if not dtype.is_floating_point:
+        return torch.randint(-5, 6, shape, generator=gen).to(torch.float64).to(DEVICE)
     scale = scale if scale is not None else data.draw(st.sampled_from([0.5, 1.0, 3.0]), label="scale")
     values = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
     if values.numel():
@@ -309,18 +315,26 @@ def test_random_program_matches_reference(data):
             args[name] = data.draw(st.sampled_from([0.75, -2.0, 3, 0, 1.5]), label=name)
             continue
         shape = data.draw(broadcast_of(out_shape), label=f"{name} shape")
-        dtype = data.draw(st.sampled_from([torch.float16, torch.float32]), label=f"{name} dtype")
+        dtype = data.draw(st.sampled_from([torch.float16, torch.float32, torch.float32, torch.int32]),
+                          label=f"{name} dtype")
         layout = data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
         args[name] = make_tensor(draw_values(data, shape, dtype, nan), layout, out_shape, dtype)
 
     kernel = kgen.compile(prog.text)
     assert list(kernel.inputs) == inputs
-    want_eager = eager(prog.text, args)
-    got = as_tuple(kernel(*(args[n] for n in inputs)))
+    want_eager = {name: torch.as_tensor(v) for name, v in eager(prog.text, args).items()}
+    out_layout = data.draw(st.sampled_from([None, "contiguous", "transposed", "sliced"]), label="out")
+    if out_layout is None:
+        got = as_tuple(kernel(*(args[n] for n in inputs)))
+    else:                                        # the outputs written into views the caller owns
+        outs = tuple(make_tensor(torch.zeros(want_eager[o].shape, dtype=torch.float64, device=DEVICE),
+                                 out_layout, (), want_eager[o].dtype) for o in kernel.outputs)
+        got = as_tuple(kernel(*(args[n] for n in inputs), out=outs if len(outs) > 1 else outs[0]))
+        assert all(g is o for g, o in zip(got, outs))
     want = evaluate(kernel.ir, args)
     assert len(got) == len(want) == len(kernel.outputs)
     for name, g, w in zip(kernel.outputs, got, want):
-        e = torch.as_tensor(want_eager[name])
+        e = want_eager[name]
         assert g.dtype == e.dtype, f"{name}: kgen gives {g.dtype}, torch {e.dtype}"
         assert g.shape == e.shape
         assert_matches(g, w)

@@ -39,6 +39,8 @@ CASES = [
      "unexpected end of input; expected '}'", SpecError),
     ("unclosed parenthesis", "Y = (X + 1", 1, 11, "unexpected end of input; expected ')'", SpecError),
     ("unexpected character", "Y = X $ 2", 1, 7, "unexpected character '$'", SpecError),
+    ("indented with a tab", "kernel f(X: f16[M, N]) -> Y: f16[M, N] {\n\tY = sigmod(X)\n}\n", 2, 6,
+     "unknown function 'sigmod'", SpecError),
     ("non-ascii character", "Y = é + 1", 1, 5, "unexpected character 'é'", SpecError),
     ("chained comparison", K("Y = X < 1 < 2"), 2, 15, "unexpected '<'", SpecError),
     ("indexing", K("Y = X[0]"), 2, 10, "unexpected '['", SpecError),
@@ -135,7 +137,7 @@ def test_bad_spec(text, line, col, fragment, kind):
     assert (err.span.line, err.span.col) == (line, col), str(err)
     rendered = str(err).splitlines()
     assert rendered[0] == f"{PATH}:{line}:{col}: {err.message}"
-    source_line = text.splitlines()[line - 1]
+    source_line = text.splitlines()[line - 1].replace("\t", " ")   # a tab shows as one space
     assert rendered[1] == "    " + source_line
     caret = rendered[2]
     assert caret.strip() and set(caret.strip()) == {"^"}

@@ -72,8 +72,8 @@ from .host import Host, host
 # stages and program counts at N = 256 ... 262144; see README: Performance).
 MAX_BLOCK_N = 16384         # widest row (next power of two) kept on chip; wider rows loop
 TILE = 2048                 # elements per tile for narrow rows: BLOCK_ROWS = TILE // BLOCK_N
-WARPS = ((256, 8), (2048, 4), (4096, 8), (None, 16))   # (BLOCK_N up to, num_warps), rows on chip
-STAGES = "1 if BLOCK_N <= 256 or BLOCK_N >= 8192 else 2"  # the row loop's num_stages, on chip
+WARPS = ((256, 8), (2048, 4), (8192, 8), (None, 16))   # (BLOCK_N up to, num_warps), rows on chip
+STAGES = "1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
 CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
 LOOPED_STAGES = 4           # the column loops' num_stages
