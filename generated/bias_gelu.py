@@ -99,7 +99,7 @@ def bias_gelu_kernel(
     tl.store(y_ptr + y_offs, y.to(tl.float16), mask=mask)
 
 
-def bias_gelu(x, bias, *, out=None):
+def bias_gelu(x, bias, *, out=None, config=None):
     """x: f16[M, N], bias: f16[N] -> y: f16[M, N]"""
     _check_tensor("x", x, torch.float16, 2, "f16[M, N]")
     M, N = x.shape
@@ -112,7 +112,10 @@ def bias_gelu(x, bias, *, out=None):
         return y
     contiguous = False
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, bias, y)
-    BLOCK_SIZE, num_warps = 1024, 4
+    if config is None:
+        BLOCK_SIZE, num_warps = (1024, 4)
+    else:
+        BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
     bias_gelu_kernel[grid](
         x, bias, y,

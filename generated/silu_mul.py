@@ -104,7 +104,7 @@ def silu_mul_kernel(
     tl.store(y_ptr + y_offs, y.to(tl.float16), mask=mask)
 
 
-def silu_mul(x, gate, *, out=None):
+def silu_mul(x, gate, *, out=None, config=None):
     """x: f16[M, N], gate: f16[M, N] -> y: f16[M, N]"""
     _check_tensor("x", x, torch.float16, 2, "f16[M, N]")
     M, N = x.shape
@@ -117,7 +117,10 @@ def silu_mul(x, gate, *, out=None):
         return y
     contiguous = x.is_contiguous() and gate.is_contiguous() and y.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, gate, y)
-    BLOCK_SIZE, num_warps = 1024, 4
+    if config is None:
+        BLOCK_SIZE, num_warps = (1024, 4)
+    else:
+        BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
     silu_mul_kernel[grid](
         x, gate, y,

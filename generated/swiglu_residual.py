@@ -108,7 +108,7 @@ def swiglu_residual_kernel(
     tl.store(y_ptr + y_offs, y.to(tl.float16), mask=mask)
 
 
-def swiglu_residual(x, gate, residual, *, out=None):
+def swiglu_residual(x, gate, residual, *, out=None, config=None):
     """x: f16[M, N], gate: f16[M, N], residual: f16[M, N] -> y: f16[M, N]"""
     _check_tensor("x", x, torch.float16, 2, "f16[M, N]")
     M, N = x.shape
@@ -123,7 +123,10 @@ def swiglu_residual(x, gate, residual, *, out=None):
         return y
     contiguous = x.is_contiguous() and gate.is_contiguous() and residual.is_contiguous() and y.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, gate, residual, y)
-    BLOCK_SIZE, num_warps = 1024, 4
+    if config is None:
+        BLOCK_SIZE, num_warps = (1024, 4)
+    else:
+        BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
     swiglu_residual_kernel[grid](
         x, gate, residual, y,

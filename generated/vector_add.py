@@ -98,7 +98,7 @@ def vector_add_kernel(
     tl.store(z_ptr + z_offs, z, mask=mask)
 
 
-def vector_add(x, y, *, out=None):
+def vector_add(x, y, *, out=None, config=None):
     """x: f32[N], y: f32[N] -> z: f32[N]"""
     _check_tensor("x", x, torch.float32, 1, "f32[N]")
     N, = x.shape
@@ -111,7 +111,10 @@ def vector_add(x, y, *, out=None):
         return z
     contiguous = x.is_contiguous() and y.is_contiguous() and z.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, y, z)
-    BLOCK_SIZE, num_warps = 1024, 4
+    if config is None:
+        BLOCK_SIZE, num_warps = (1024, 4)
+    else:
+        BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
     vector_add_kernel[grid](
         x, y, z,

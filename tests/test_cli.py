@@ -124,7 +124,7 @@ def test_build_of_a_missing_path_fails(project, capsys):
     ("ast", ["Kernel(name=Name(id='bias_gelu'", "Call(func=Name(id='gelu'", "line=4"]),
     ("ir", ["kernel bias_gelu(x: f16[M, N], bias: f16[N]) -> y: f16[M, N]", "= add %0 %1 : f16[M, N]",
             "= gelu %2 : f16[M, N]", "return y = %3"]),
-    ("triton", ["@triton.jit", "def bias_gelu_kernel(", "def bias_gelu(x, bias, *, out=None):",
+    ("triton", ["@triton.jit", "def bias_gelu_kernel(", "def bias_gelu(x, bias, *, out=None, config=None):",
                 "    # y = gelu(x + bias)\n    y = gelu(x + bias)"]),
 ])
 def test_show(project, capsys, emit, fragments):

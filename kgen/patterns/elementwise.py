@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, Op, POINTWISE, LEAVES, topo_order
 from ..lower import Line, helpers_for, statement_lines
@@ -50,7 +51,7 @@ class ElementwisePlan:
     helpers: tuple[str, ...]
     flat: bool                             # the flat path exists (every operand can be full)
     blocks: tuple[tuple[int | None, int, int], ...]
-    autotune: tuple[tuple[int, int], ...]  # (BLOCK_SIZE, num_warps) candidates, or ()
+    tuning: Tuning                         # the schedule's candidates, timed by kgen's autotuner
     pattern: str = "elementwise"
     template: str = "elementwise.jinja"
 
@@ -88,15 +89,19 @@ class ElementwisePlan:
                          + tuple(f"{op.name}_ptr" for op in self.outputs)) + ","
 
     @property
+    def config_lines(self) -> tuple[str, ...]:
+        return tuple("{" + ", ".join(f'"{k}": {v}' for k, v in c.items()) + "}" for c in self.tuning.configs)
+
+    @property
     def block_choice(self) -> str:
         """``BLOCK_SIZE, num_warps = ...`` by element count."""
         *small, (_, block, warps) = self.blocks
         if not small:
-            return f"BLOCK_SIZE, num_warps = {block}, {warps}"
+            return f"({block}, {warps})"
         text = f"({block}, {warps})"
         for limit, b, w in reversed(small):
             text = f"({b}, {w}) if n_elements < {limit} else {text}"
-        return f"BLOCK_SIZE, num_warps = {text}"
+        return text
 
     @property
     def contiguous_test(self) -> str:
@@ -133,13 +138,13 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     outputs = tuple(_operand(o.name, shape, shape, store=_store_cast(computed[o.name].dtype, o.node.dtype))
                     for o in kir.outputs)
     body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
-    blocks, autotune = _schedule(kir)
+    blocks, candidates = _schedule(kir)
     return ElementwisePlan(
         name=kir.name, host=host(kir), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes),
         # no flat path when every axis has size 1: there are no offsets to take
         flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,
-        blocks=blocks, autotune=autotune)
+        blocks=blocks, tuning=Tuning(tuple({"BLOCK_SIZE": b, "num_warps": w} for b, w in candidates)))
 
 
 def _operand(name, shape, out_shape, load="", store="") -> Operand:

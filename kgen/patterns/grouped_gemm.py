@@ -1,0 +1,486 @@
+"""Grouped GEMM: one persistent launch for a list of GEMMs of different sizes (Triton
+tutorial 08, generalized), with the GEMM pattern's epilogues.
+
+A kernel whose tensor parameters are lists (``A: [f16[M, K]]``) computes one problem
+per list element; its dims are free per problem.  The body is a GEMM kernel's body
+(one matmul of 2-D operands, a pointwise epilogue, an optional pointwise prologue), so
+the operand tiles, the dot and the epilogue come from ``gemm.lower`` and are printed
+by the same template pieces (``templates/gemm_parts.jinja``).
+
+**The schedule.**  ``NUM_SMS * programs_per_sm`` persistent programs (at most one per
+tile) walk the tiles of all problems: program ``p`` takes tiles ``p, p + P, p + 2P, ...``
+of the concatenated tile space.  A problem's tiles are consecutive there (in GROUP_M
+order within the problem, as in the tiled GEMM), so a program finds its problem by
+moving a problem index forward past the running tile counts; it never moves back and
+never rescans.  Problems without tiles (M = 0 or N = 0) take no tiles and are skipped.
+Unlike tutorial 08, partial tiles are masked (rows and columns wrap around in the K loop
+and are masked at the store; K is masked unless every K is a multiple of BLOCK_K), each
+problem has its own strides (row-major, transposed or any), the K loop is pipelined
+(``num_stages``), and loads are vectorized where the layout allows (below).
+
+**The metadata** (list form): one int64 table, one row per problem: ``[tile_end, M, N,
+K, address of each tensor, each tensor's strides]``, where ``tile_end`` is the running
+sum of tile counts.  The host builds it from Python ints (sizes, strides and
+``data_ptr()`` need no device sync), copies it to the device in one transfer from
+pinned memory (``non_blocking``), and keeps it in a small cache keyed by its content, so
+a call with the same tensors (or others at the same addresses with the same shapes)
+copies nothing.  Strides and addresses loaded from memory are unknown to the compiler,
+so the host also passes constexprs that say what holds in every problem: ``X_UNIT``,
+the axis of ``X`` whose stride is 1 (-1: none), and ``ALIGNED``: addresses are 16-byte
+aligned and the other strides, N and K are multiples of 16 bytes; the kernel then gives
+``tl.multiple_of`` hints, the same facts Triton's argument specialization gives the
+tiled GEMM.  Without them, loads are element by element (tutorial 08's ``tl.multiple_of``
+calls discard their result).
+
+**The MoE form** (issue item 3).  ``kernel.moe(A, B, offs=offs)``: the problems' rows of
+``A`` are stacked in one ``[T, K]`` tensor, problem ``g`` owning rows ``offs[g - 1]``
+(0 for the first) to ``offs[g]``, and ``B`` is one ``[G, K, N]`` tensor, as
+``torch._grouped_mm(A, B, offs=offs)`` takes them; the result is one ``[T, N]`` tensor.
+It is a second calling form of any grouped kernel rather than a spec form, so one spec
+serves both layouts: each list parameter is *ragged* (its per-problem shape starts with
+the matmul's M: its problems' rows are stacked, ``[T, ...]``) or *stacked* (no M: one
+``[G, ...]`` tensor), and outputs are ragged.  So ``gelu(X @ W + b)`` with ``b:
+[f16[N]]`` takes ``b`` as ``[G, N]``, a per-row scale ``[f32[M, 1]]`` as ``[T, 1]``.
+``offs`` stays on the device (int32 or int64, or a Python list): the kernel reads it
+and computes the same schedule on the fly (``G`` extra loop steps per program), so no
+sync; ends are clamped to ``[previous end, T]``, and rows past ``offs[-1]`` are not
+written.  The generated module's ``<name>_moe`` is that host function.  A headerless
+kernel decides per argument: rank-3 tensors are stacked; a rank-2 tensor is ragged when
+it has as many rows as the first input, else stacked (an error when T == G).
+
+**Tuning**: configs add ``programs_per_sm`` to the GEMM keys.  The key is the group's
+signature, not its exact sizes (a MoE layer's sizes change every step): the dtype, G,
+the powers of two above the largest M, N and K and above the mean output tile area, the
+power of two nearest the total M*N*K, and the operands' layouts; cached on disk by
+``kgen/autotune.py`` as for the GEMM.  Without tuning (the interpreter, ``KGEN_AUTOTUNE=0``)
+a heuristic picks tiles from the output elements per SM.  The Hopper TMA variant of the
+tiled GEMM has no grouped counterpart yet.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+
+from ..autotune import Tuning
+from ..errors import SpecError, UnsupportedError
+from ..ir import KernelIR, Node, Op, Param, Stmt, type_str
+from ..lower import Line, helpers_for
+from . import gemm
+from .host import Host, host, torch_dtype
+
+CONFIG_KEYS = gemm.CONFIG_KEYS + ("programs_per_sm",)
+SCHEDULE_KEYS = CONFIG_KEYS + ("input_precision",)
+
+# Autotuning candidates (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
+# programs_per_sm).  Big tiles for big problems, small tiles with several programs per
+# SM for small ones.  To be re-measured on the H100.
+CANDIDATES_16 = (
+    (128, 256, 64, 8, 8, 3, 1),
+    (256, 128, 64, 8, 8, 3, 1),
+    (128, 128, 64, 8, 8, 4, 1),
+    (128, 128, 64, 8, 4, 4, 1),
+    (128, 128, 32, 8, 4, 4, 2),
+    (128, 64, 64, 8, 4, 4, 2),
+    (64, 128, 64, 8, 4, 4, 2),
+    (64, 64, 64, 8, 4, 4, 2),
+    (64, 64, 64, 8, 4, 3, 4),
+    (32, 64, 64, 8, 4, 4, 4),
+)
+CANDIDATES_32 = (
+    (128, 128, 32, 8, 8, 3, 1),
+    (128, 64, 32, 8, 4, 4, 1),
+    (64, 128, 32, 8, 4, 4, 1),
+    (64, 64, 32, 8, 4, 4, 2),
+    (32, 64, 64, 8, 4, 4, 4),
+)
+# Without tuning: the first row whose limit on output elements per SM holds (None: the last).
+HEURISTIC_16 = (
+    (64 * 64, (64, 64, 64, 8, 4, 4, 2)),
+    (128 * 128, (128, 64, 64, 8, 4, 4, 2)),
+    (2 * 128 * 256, (128, 128, 64, 8, 8, 4, 1)),
+    (None, (128, 256, 64, 8, 8, 3, 1)),
+)
+HEURISTIC_32 = (
+    (64 * 64, (64, 64, 32, 8, 4, 4, 2)),
+    (128 * 128, (128, 64, 32, 8, 4, 4, 1)),
+    (None, (128, 128, 32, 8, 8, 3, 1)),
+)
+# Triton's interpreter: mid-sized tiles; GROUP_M = 2 keeps the grouped order exercised.
+INTERPRETER_CONFIG = (32, 32, 32, 2, 4, 1, 1)
+SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
+
+# Names the grouped kernels and host functions define for themselves: a spec's values
+# may not take them, and its dimensions (host locals) not the host's.
+KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
+    "g", "G", "T", "tile_start", "tile_end", "num_tiles", "row_start", "row_end", "table", "layout",
+    "ALIGNED", "programs_per_sm"})
+HOST_LOCALS = frozenset({"G", "table", "num_tiles", "layout", "config", "offs"})
+
+
+@dataclass(frozen=True)
+class TableTensor:
+    """One tensor of each problem, as the list kernel reads it from its metadata row."""
+
+    name: str
+    pointer: str                  # "tl.load(row + 4).to(tl.pointer_type(tl.float16))"
+    strides: tuple[str, ...]      # "A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 7, 8 * ALIGNED, INT64)"
+
+
+@dataclass(frozen=True)
+class GroupedPlan:
+    name: str
+    summary: str
+    # the GEMM parts (gemm_parts.jinja reads these names)
+    a: gemm.Tile
+    b: gemm.Tile
+    dot: str
+    loads: tuple[str, ...]
+    body: tuple[Line, ...]
+    stores: tuple[str, ...]
+    helpers: tuple[str, ...]
+    operands: tuple[str, str]
+    # the list form
+    docstring: str
+    signature: str
+    checks: tuple[str, ...]       # host lines: argument checks, per-problem sizes
+    allocate: str
+    returns: str
+    sizes: str                    # "M, N, K": the host's per-problem lists
+    table_tensors: str            # '("A", A), ("B", B), ("C", C)'
+    vector: int                   # elements of the operands in 16 bytes
+    scalars: tuple[str, ...]
+    units: tuple[str, ...]        # the kernel's X_UNIT constexprs
+    width: int                    # int64 per problem row
+    columns: tuple[str, ...]      # the row's layout, for a comment
+    table: tuple[TableTensor, ...]
+    # the MoE form ("" / () when the spec has none)
+    moe: bool
+    moe_why: str                  # why not, when it has none
+    moe_host: Host | None
+    moe_signature: str
+    moe_offs: str                 # the host line that checks offs
+    moe_pointers: tuple[str, ...]
+    moe_strides: tuple[str, ...]
+    moe_casts: tuple[str, ...]    # under INT64: the stride arguments as int64
+    moe_bases: tuple[str, ...]    # per problem: "A_ptr = A_base + row_start * A_stride0"
+    moe_launch: tuple[str, ...]
+    moe_sizes: tuple[str, str, str, str]   # host expressions: G, T, N, K
+    moe_tensors: str
+    # tuning
+    configs: tuple[str, ...]
+    heuristic: tuple[tuple[str, str], ...]
+    interpreter: str
+    scheduled: bool
+    tuning: Tuning
+    moe_tuning: Tuning | None
+    pattern: str = "grouped_gemm"
+    template: str = "grouped_gemm.jinja"
+
+
+def match(kir: KernelIR) -> GroupedPlan | None:
+    lists = [p for p in kir.params if p.is_list]
+    if not lists:
+        return None
+    low = gemm.lower(kir)
+    if low is None:
+        raise UnsupportedError("list parameters make a grouped GEMM: the kernel needs a matmul", lists[0].span)
+    mm = low.mm
+    lhs, rhs = mm.inputs
+    for side, x in (("left", lhs), ("right", rhs)):
+        if len(x.shape) != 2:
+            raise UnsupportedError(f"a grouped GEMM multiplies 2-D matrices per problem; the {side} operand is "
+                                   f"{type_str(x.dtype, x.shape)}", x.span)
+    if len(low.out_shape) != 2:
+        raise UnsupportedError(f"a grouped GEMM's outputs are 2-D per problem, got {list(low.out_shape)}",
+                               kir.outputs[0].span)
+    for p in kir.params:
+        if not p.is_scalar and not p.is_list and p.name in low.tensors:
+            raise UnsupportedError(f"'{p.name}' is one tensor in a grouped GEMM whose other inputs are lists; "
+                                   f"make it a list ([{type_str(p.dtype, p.shape)}]), one per problem", p.span)
+    _check_names(kir, low)
+
+    params = {p.name: p for p in kir.params}
+    outputs = list(low.outputs)
+    names = list(low.tensors) + outputs
+    shapes = {t: params[t].shape for t in low.tensors} | {o: low.out_shape for o in outputs}
+    dtypes = {t: params[t].dtype for t in low.tensors} | {o.name: o.node.dtype for o in kir.outputs}
+    operand_dtype = lhs.dtype
+    vector = 16 // (operand_dtype.bits // 8)
+
+    # The metadata row: tile_end, M, N, K, the addresses, the strides (every axis of every tensor).
+    columns = ["tile_end", "M", "N", "K"] + [f"&{t}" for t in names]
+    table = []
+    stride_col = len(columns)
+    pointer_cols = {t: 4 + i for i, t in enumerate(names)}
+    stride_cols = {}
+    for t in names:
+        stride_cols[t] = stride_col
+        columns += [f"{t}.stride({ax})" for ax in range(len(shapes[t]))]
+        stride_col += len(shapes[t])
+    for t in names:
+        dtype = dtypes[t]
+        hint = 16 // (dtype.bits // 8)
+        pointer = f"tl.load(row + {pointer_cols[t]}).to(tl.pointer_type({dtype.triton}))"
+        strides = tuple(f"{t}_stride{ax} = 1 if {t}_UNIT == {ax} else "
+                        f"_group_int(row + {stride_cols[t] + ax}, {hint} * ALIGNED, INT64)"
+                        for ax in sorted(low.strides[t]))
+        table.append(TableTensor(t, pointer, strides))
+    units = tuple(f"{t}_UNIT" for t in names)
+    gemm._check_derived(kir, list(units) + [f"{t}_shapes" for t in names])
+
+    checks, sizes = _list_host(kir, low, params)
+    h = host(kir)
+    outs = ", ".join(f'("{o}", list(zip({sizes[0]}, {sizes[1]})), {torch_dtype(dtypes[o])})' for o in outputs)
+    allocate = f"{', '.join(outputs)}{',' if len(outputs) == 1 else ''} = _group_outputs(out, device, G, {outs})"
+    docstring = _list_doc(kir, low)
+
+    candidates, rows, tunable = _schedule(kir, operand_dtype)
+    a_name, b_name = low.a_name, low.b_name
+    moe = _moe(kir, low, params, shapes, dtypes)
+    summary = (f"{a_name}{gemm._shape(lhs.shape)} @ {b_name}{gemm._shape(rhs.shape)} -> "
+               f"{', '.join(outputs)}{gemm._shape(low.out_shape)}")
+    list_params = [p.name for p in kir.params]
+    return GroupedPlan(
+        name=kir.name, summary=summary, a=low.a, b=low.b, dot=low.dot, loads=low.loads, body=low.body,
+        stores=low.stores, helpers=helpers_for(low.nodes) + ("group_host",), operands=(a_name, b_name),
+        docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
+        returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
+        vector=vector, scalars=low.scalars, units=units, width=len(columns), columns=tuple(columns),
+        table=tuple(table), **moe,
+        configs=tuple(gemm._config_text(c) for c in candidates),
+        heuristic=tuple(("" if limit is None else f"work <= {limit}", gemm._config_text(c)) for limit, c in rows),
+        interpreter=gemm._config_text(_config(INTERPRETER_CONFIG)),
+        scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
+                      partial(group_key, names=list_params, lhs=a_name, rhs=b_name)),
+        moe_tuning=(Tuning(candidates if tunable else (), partial(prune_moe, lhs=a_name, rhs=b_name),
+                           partial(moe_key, names=list_params, lhs=a_name, rhs=b_name))
+                    if moe["moe"] else None))
+
+
+# --- the list form's host ----------------------------------------------------------
+
+def _list_host(kir: KernelIR, low: gemm.Lowered, params: dict) -> tuple[tuple[str, ...], tuple[str, str, str]]:
+    """Host lines that check the lists and bind each symbol to its per-problem sizes."""
+    tensors = [params[t] for t in low.tensors]
+    named = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
+    lines = [f"G = _group_len({named})"]
+    for p in tensors:
+        declared = type_str(p.dtype, p.shape)
+        lines.append(f'_group_check("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, "{declared}")')
+    bound: dict[str, str] = {}
+    for p in kir.params:
+        if p.is_scalar:
+            kind = "float" if p.dtype.is_float else "int"
+            lines.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {kind})')
+    lines.append(f"device = _group_device({named})")
+    for p in tensors:
+        lines.append(f"{p.name}_shapes = [t.shape for t in {p.name}]")
+        for axis, d in enumerate(p.shape):
+            if isinstance(d, int):
+                lines.append(f'_group_dims("{p.name}", {p.name}_shapes, {axis}, {d}, None, None)')
+            elif d in bound:
+                lines.append(f'_group_dims("{p.name}", {p.name}_shapes, {axis}, {d}, "{d}", "{bound[d]}")')
+            else:
+                lines.append(f"{d} = [s[{axis}] for s in {p.name}_shapes]")
+                bound[d] = p.name
+    mm = low.mm
+    sizes = tuple(d if isinstance(d, str) else f"[{d}] * G" for d in (mm.shape[0], mm.shape[1], mm.inputs[0].shape[1]))
+    return tuple(lines), sizes
+
+
+def _list_doc(kir: KernelIR, low: gemm.Lowered) -> str:
+    params = ", ".join(f"{p.name}: [{type_str(p.dtype, p.shape)}]" if p.is_list else f"{p.name}: {p.dtype.name}"
+                       for p in kir.params)
+    outs = ", ".join(f"{o.name}: [{type_str(o.node.dtype, o.node.shape)}]" for o in kir.outputs)
+    return f"{params} -> {outs}; lists of tensors, one GEMM per element"
+
+
+# --- the MoE form ---------------------------------------------------------------------
+
+def _fresh(taken: set, *candidates: str) -> str:
+    for c in candidates:
+        if c not in taken:
+            return c
+    raise AssertionError("no fresh name")
+
+
+def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: dict) -> dict:
+    none = dict(moe=False, moe_host=None, moe_signature="", moe_offs="", moe_pointers=(), moe_strides=(),
+                moe_casts=(), moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="")
+    m = low.mm.shape[0]
+    if not isinstance(m, str):
+        return {**none, "moe_why": f"its M is a literal ({m}), so the problems cannot differ in rows"}
+    ragged = {}
+    for t in list(low.tensors) + list(low.outputs):
+        shape = shapes[t]
+        if m not in shape:
+            ragged[t] = False
+        elif shape[0] == m and m not in shape[1:]:
+            ragged[t] = True
+        else:
+            return {**none, "moe_why": f"'{t}' has M on an axis other than its first ({type_str(dtypes[t], shape)})"}
+    taken = {d for s in shapes.values() for d in s if isinstance(d, str)} | set(params) | set(low.outputs)
+    T = _fresh(taken, "T", "T_rows", "total_rows")
+    G = "G"   # never a spec's dimension (HOST_LOCALS)
+    # The host checks the stacked tensors as one tensor each: its own shape with T or G in front.
+    moe_params = []
+    for p in kir.params:
+        if p.is_scalar or p.name not in ragged:
+            moe_params.append(p)
+            continue
+        shape = (T,) + tuple(p.shape[1:]) if ragged[p.name] else (G,) + tuple(p.shape)
+        moe_params.append(Param(p.name, p.dtype, shape, False, None, p.span))
+    outs = tuple(Stmt(o.name, Node(Op.INPUT, o.node.dtype, (T,) + tuple(o.node.shape[1:])), o.source, o.span)
+                 for o in kir.outputs)
+    mkir = replace(kir, params=tuple(moe_params), outputs=outs)
+    h = host(mkir)
+    signature = h.signature.replace("*, out=None", "*, offs, out=None") + ", config=None"
+    first = next(t for t in low.tensors if not ragged[t])
+    offs = f'offs = _group_offs(offs, {G}, device, "{first}")'
+    pointers, strides, casts, bases, launch_strides = [], [], [], [], []
+    for t in list(low.tensors) + list(low.outputs):
+        axes = sorted(low.strides[t] | ({0} if ragged[t] else set()))
+        pointers.append(f"{t}_base")
+        names = ([] if ragged[t] else [f"{t}_stride"]) + [f"{t}_stride{ax}" for ax in axes]
+        strides.append(", ".join(names))
+        casts += [f"{n} = tl.cast({n}, tl.int64)" for n in names]
+        shift = 0 if ragged[t] else 1
+        launch_strides.append(", ".join(([] if ragged[t] else [f"{t}.stride(0)"])
+                                        + [f"{t}.stride({ax + shift})" for ax in axes]))
+        bases.append(f"{t}_ptr = {t}_base + row_start * {t}_stride0" if ragged[t]
+                     else f"{t}_ptr = {t}_base + g * {t}_stride")
+    mm = low.mm
+    n, k = mm.shape[1], mm.inputs[0].shape[1]
+    sizes = (G, T, str(n), str(k))
+    names = list(low.tensors) + list(low.outputs)
+    launch = (", ".join(list(low.tensors) + list(low.outputs) + ["offs"] + list(low.scalars)),
+              ", ".join(sizes)) + tuple(s for s in launch_strides)
+    gemm._check_derived(kir, [f"{t}_base" for t in names])
+    return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_offs=offs,
+                moe_pointers=tuple(pointers), moe_strides=tuple(strides), moe_casts=tuple(casts),
+                moe_bases=tuple(bases), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names))
+
+
+# --- schedule and tuning --------------------------------------------------------------
+
+def _config(values) -> dict:
+    return dict(zip(CONFIG_KEYS, values))
+
+
+def _schedule(kir: KernelIR, dtype):
+    """(candidates, heuristic rows, tunable): the spec's schedule, or kgen's defaults."""
+    unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
+    if unknown:
+        raise SpecError(f"grouped GEMM kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not "
+                        f"'{unknown[0]}'", kir.span)
+    wide = dtype.bits == 32
+    rows = HEURISTIC_32 if wide else HEURISTIC_16
+    given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
+    if not given:
+        return tuple(_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)), rows, True
+    for key, values in given.items():
+        for v in values:
+            if not isinstance(v, int) or v <= 0:
+                raise SpecError(f"{key} takes positive integers, got {v}", kir.span)
+            if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
+                raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
+                                kir.span)
+            if key in ("GROUP_M", "num_warps") and v & (v - 1):
+                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+    lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
+    candidates = tuple(_config(c) for c in itertools.product(*lists))
+    constrained = []
+    for limit, config in rows:
+        config = tuple(gemm._closest(v, lists[i]) for i, v in enumerate(config))
+        if constrained and constrained[-1][1] == config:
+            constrained[-1] = (None if limit is None else limit, config)
+        else:
+            constrained.append((limit, config))
+    return candidates, tuple(constrained), len(candidates) > 1
+
+
+def _p2(n: int) -> int:
+    """The power of two at or above n (1 for 0)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _layout(tensors) -> str:
+    """r: rows contiguous in every tensor, c: columns, s: neither."""
+    if all(t.stride(-1) == 1 or t.shape[-1] <= 1 for t in tensors):
+        return "r"
+    if all(t.stride(-2) == 1 or t.shape[-2] <= 1 for t in tensors):
+        return "c"
+    return "s"
+
+
+def _bind(args, kwargs, names):
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    return values
+
+
+def group_key(args, kwargs, names, lhs, rhs) -> str | None:
+    """The list form's tuning key: the group's signature (see the module docstring); None
+    for a call the host function will reject."""
+    values = _bind(args, kwargs, names)
+    a, b = values.get(lhs), values.get(rhs)
+    try:
+        if not a or len(a) != len(b):
+            return None
+        ms, ks = zip(*(t.shape for t in a))
+        ns = [t.shape[1] for t in b]
+        work = sum(m * n * k for m, n, k in zip(ms, ns, ks))
+        area = sum(m * n for m, n in zip(ms, ns)) // len(a)
+        dtype = str(a[0].dtype).removeprefix("torch.")
+        return (f"grouped {dtype} G={len(a)} M<={_p2(max(ms))} N<={_p2(max(ns))} K<={_p2(max(ks))} "
+                f"MN<={_p2(area)} MNK~2^{round(math.log2(work)) if work else 0} "
+                f"{lhs}:{_layout(a)} {rhs}:{_layout(b)}")
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return None
+
+
+def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
+    """The MoE form's tuning key: dtype, G, the power of two above T, N and K, layouts."""
+    values = _bind(args, kwargs, names)
+    a, b = values.get(lhs), values.get(rhs)
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3:
+        return None
+    dtype = str(a.dtype).removeprefix("torch.")
+    return (f"moe {dtype} G={b.shape[0]} T<={_p2(a.shape[0])} N={b.shape[2]} K={a.shape[1]} "
+            f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
+
+
+def _fit(configs, m: int, n: int, k: int):
+    cap = lambda size: max(16, _p2(size))  # noqa: E731
+    kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)]
+    return kept or [min(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+
+
+def prune(configs, bound: dict, lhs: str, rhs: str):
+    """The candidates worth timing: tiles no larger than the largest problem on each axis."""
+    a, b = bound[lhs], bound[rhs]
+    return _fit(configs, max(t.shape[0] for t in a), max(t.shape[1] for t in b), max(t.shape[1] for t in a))
+
+
+def prune_moe(configs, bound: dict, lhs: str, rhs: str):
+    a, b = bound[lhs], bound[rhs]
+    return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1])
+
+
+def _check_names(kir: KernelIR, low: gemm.Lowered) -> None:
+    for p in kir.params:
+        if p.name in KERNEL_LOCALS:
+            raise UnsupportedError(f"'{p.name}' is a name the generated grouped GEMM uses itself; rename it", p.span)
+        for d in p.shape or ():
+            if isinstance(d, str) and d in HOST_LOCALS:
+                raise UnsupportedError(f"'{d}' is a name the generated grouped GEMM uses itself; rename the "
+                                       f"dimension", p.span)
+    for s in kir.stmts:
+        if s.name in KERNEL_LOCALS:
+            raise UnsupportedError(f"'{s.name}' is a name the generated grouped GEMM uses itself; rename it",
+                                   s.span)
