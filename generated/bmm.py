@@ -46,20 +46,34 @@ def _device(*named):
     return device
 
 
-def _outputs(out, device, *specs):
+def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
     given = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for value, (name, shape, dtype) in zip(given, specs):
+    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
                 or value.device != device:
             got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
             raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
                                 f"got {got}")
+        others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
+        for other, tensor in others:
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
+                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            if not same and _overlap(value, tensor):
+                raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
+
+
+def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
+             * t.element_size()) for t in (a, b)]
+    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 
 def _needs_int64(*tensors):
@@ -69,7 +83,7 @@ def _needs_int64(*tensors):
 
 @triton.jit
 def bmm_kernel(
-    A_ptr, W_ptr, scale_ptr, R_ptr, C_ptr,
+    A_ptr, W_ptr, scale_ptr, R_ptr, C_ptr, partials_ptr,
     M, N, K,
     A_stride0, A_stride1, A_stride2,
     W_stride0, W_stride1, W_stride2,
@@ -77,10 +91,13 @@ def bmm_kernel(
     R_stride0, R_stride1, R_stride2,
     C_stride0, C_stride1, C_stride2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    EVEN_K: tl.constexpr, INT64: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     # A[B, M, K] @ W[B, K, N] -> C[B, M, N], one BLOCK_M x BLOCK_N tile per program
+    # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
+    # pid_k + SPLIT_K, ... of K into partials, bmm_split_k_kernel adds them up)
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1) if SPLIT_K > 1 else 0
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # each batch takes num_pid_m * num_pid_n consecutive programs
@@ -109,8 +126,11 @@ def bmm_kernel(
     offs_bn = offs_n % N
     A_ptrs = A_ptr + pid_b * A_stride0 + offs_am[:, None] * A_stride1 + offs_k[None, :] * A_stride2
     W_ptrs = W_ptr + pid_b * W_stride0 + offs_k[:, None] * W_stride1 + offs_bn[None, :] * W_stride2
+    if SPLIT_K > 1:  # this program's first slice of K
+        A_ptrs += pid_k * BLOCK_K * A_stride2
+        W_ptrs += pid_k * BLOCK_K * W_stride1
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(pid_k, tl.cdiv(K, BLOCK_K), SPLIT_K):
         if EVEN_K:
             A = tl.load(A_ptrs)
             W = tl.load(W_ptrs)
@@ -118,10 +138,46 @@ def bmm_kernel(
             A = tl.load(A_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
             W = tl.load(W_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
         acc = tl.dot(A, W, acc)
-        A_ptrs += BLOCK_K * A_stride2
-        W_ptrs += BLOCK_K * W_stride1
-    # the epilogue, on the f32 accumulator
+        A_ptrs += SPLIT_K * BLOCK_K * A_stride2
+        W_ptrs += SPLIT_K * BLOCK_K * W_stride1
+    if SPLIT_K > 1:  # the partial sum, in f32: bmm_split_k_kernel runs the epilogue
+        tl.store(partials_ptr + ((pid_b * SPLIT_K + pid_k) * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    else:
+        # the epilogue, on the f32 accumulator
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        scale = tl.load(scale_ptr + pid_b * scale_stride0 + offs_m * scale_stride1, mask=offs_m < M)[:, None]
+        R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2, mask=mask).to(tl.float32)
+        # C = scale * (A @ W) + R
+        C = scale * acc + R
+        tl.store(C_ptr + pid_b * C_stride0 + offs_m[:, None] * C_stride1 + offs_n[None, :] * C_stride2, C.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def bmm_split_k_kernel(
+    partials_ptr, scale_ptr, R_ptr, C_ptr,
+    M, N,
+    scale_stride0, scale_stride1,
+    R_stride0, R_stride1, R_stride2,
+    C_stride0, C_stride1, C_stride2,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr,
+):
+    # split-K's second step: a BLOCK_M x BLOCK_N tile per program adds up the SPLIT_K
+    # partial sums of bmm_kernel, then runs the epilogue
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:  # offsets past 2**31 elements
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, SPLIT_K):
+        acc += tl.load(partials_ptr + ((pid_b * SPLIT_K + k) * M + offs_m[:, None]) * N + offs_n[None, :], mask=mask, other=0.0)
+    # the epilogue, on the f32 accumulator
     scale = tl.load(scale_ptr + pid_b * scale_stride0 + offs_m * scale_stride1, mask=offs_m < M)[:, None]
     R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2, mask=mask).to(tl.float32)
     # C = scale * (A @ W) + R
@@ -139,12 +195,23 @@ bmm_configs = [
     {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
     {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
     {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "SPLIT_K": 4},
 ]
 
 
@@ -179,20 +246,36 @@ def bmm(A, W, scale, R, *, out=None, config=None):
     _check_tensor("R", R, torch.float16, 3, "f16[B, M, N]")
     _check_shape("R", R, (B, M, N), "f16[B, M, N]", "A, W")
     device = _device(("A", A), ("W", W), ("scale", scale), ("R", R))
-    C, = _outputs(out, device, ("C", (B, M, N), torch.float16))
+    C, = _outputs(out, device, (("A", A), ("W", W), ("scale", scale), ("R", R)), ("C", (B, M, N), torch.float16))
     if C.numel() == 0:
         return C
     if config is None:
         config = _bmm_config(M, N, device)
-    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]) * B,)
+    split_k = config.get("SPLIT_K", 1)
+    config = {key: value for key, value in config.items() if key != "SPLIT_K"}
+    # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up
+    partials = torch.empty((B, split_k, M, N), device=device, dtype=torch.float32) if split_k > 1 else C
+    int64 = _needs_int64(A, W, scale, R, C, partials)
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]) * B, split_k)
     bmm_kernel[grid](
-        A, W, scale, R, C,
+        A, W, scale, R, C, partials,
         M, N, K,
         A.stride(0), A.stride(1), A.stride(2),
         W.stride(0), W.stride(1), W.stride(2),
         scale.stride(0), scale.stride(1),
         R.stride(0), R.stride(1), R.stride(2),
         C.stride(0), C.stride(1), C.stride(2),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=_needs_int64(A, W, scale, R, C), **config,
+        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k, **config,
     )
+    if split_k > 1:
+        grid = (triton.cdiv(M, config["BLOCK_M"]), triton.cdiv(N, config["BLOCK_N"]), B)
+        bmm_split_k_kernel[grid](
+            partials,
+            scale, R, C,
+            M, N,
+            scale.stride(0), scale.stride(1),
+            R.stride(0), R.stride(1), R.stride(2),
+            C.stride(0), C.stride(1), C.stride(2),
+            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], SPLIT_K=split_k, INT64=int64,
+        )
     return C

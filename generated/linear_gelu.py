@@ -46,20 +46,34 @@ def _device(*named):
     return device
 
 
-def _outputs(out, device, *specs):
+def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
     given = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for value, (name, shape, dtype) in zip(given, specs):
+    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
                 or value.device != device:
             got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
             raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
                                 f"got {got}")
+        others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
+        for other, tensor in others:
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
+                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            if not same and _overlap(value, tensor):
+                raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
+
+
+def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
+             * t.element_size()) for t in (a, b)]
+    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 
 def _needs_int64(*tensors):
@@ -74,17 +88,20 @@ def gelu(x):
 
 @triton.jit
 def linear_gelu_kernel(
-    X_ptr, W_ptr, b_ptr, Y_ptr,
+    X_ptr, W_ptr, b_ptr, Y_ptr, partials_ptr,
     M, N, K,
     X_stride0, X_stride1,
     W_stride0, W_stride1,
     b_stride0,
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    EVEN_K: tl.constexpr, INT64: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N], one BLOCK_M x BLOCK_N tile per program
+    # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
+    # pid_k + SPLIT_K, ... of K into partials, linear_gelu_split_k_kernel adds them up)
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1) if SPLIT_K > 1 else 0
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # tiles in groups of GROUP_M rows, walked column by column: programs that run
@@ -109,8 +126,11 @@ def linear_gelu_kernel(
     offs_bn = offs_n % N
     X_ptrs = X_ptr + offs_am[:, None] * X_stride0 + offs_k[None, :] * X_stride1
     W_ptrs = W_ptr + offs_k[:, None] * W_stride0 + offs_bn[None, :] * W_stride1
+    if SPLIT_K > 1:  # this program's first slice of K
+        X_ptrs += pid_k * BLOCK_K * X_stride1
+        W_ptrs += pid_k * BLOCK_K * W_stride0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(pid_k, tl.cdiv(K, BLOCK_K), SPLIT_K):
         if EVEN_K:
             X = tl.load(X_ptrs)
             W = tl.load(W_ptrs)
@@ -118,10 +138,42 @@ def linear_gelu_kernel(
             X = tl.load(X_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
             W = tl.load(W_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
         acc = tl.dot(X, W, acc)
-        X_ptrs += BLOCK_K * X_stride1
-        W_ptrs += BLOCK_K * W_stride0
-    # the epilogue, on the f32 accumulator
+        X_ptrs += SPLIT_K * BLOCK_K * X_stride1
+        W_ptrs += SPLIT_K * BLOCK_K * W_stride0
+    if SPLIT_K > 1:  # the partial sum, in f32: linear_gelu_split_k_kernel runs the epilogue
+        tl.store(partials_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    else:
+        # the epilogue, on the f32 accumulator
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+        # Y = gelu(X @ W + b)
+        Y = gelu(acc + b)
+        tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def linear_gelu_split_k_kernel(
+    partials_ptr, b_ptr, Y_ptr,
+    M, N,
+    b_stride0,
+    Y_stride0, Y_stride1,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr,
+):
+    # split-K's second step: a BLOCK_M x BLOCK_N tile per program adds up the SPLIT_K
+    # partial sums of linear_gelu_kernel, then runs the epilogue
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:  # offsets past 2**31 elements
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, SPLIT_K):
+        acc += tl.load(partials_ptr + (k * M + offs_m[:, None]) * N + offs_n[None, :], mask=mask, other=0.0)
+    # the epilogue, on the f32 accumulator
     b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
     # Y = gelu(X @ W + b)
     Y = gelu(acc + b)
@@ -148,16 +200,21 @@ def linear_gelu_tma_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr, NUM_SMS: tl.constexpr, INT64: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for Hopper: NUM_SMS persistent programs walk the tiles; TMA
     # loads the operands (zeros past every edge: nothing to mask until the store).
     # A_T / B_T: the descriptor is over the operand's transpose (its columns are contiguous).
+    # WARP_SPECIALIZE: producer warps issue the TMA loads, the others run the dots and the epilogue.
+    # EPILOGUE_SUBTILE: the epilogue on two BLOCK_M x BLOCK_N / 2 halves of the tile (fewer live registers).
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter, as in Triton tutorial 09
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+    # (on Hopper, warp specialization takes the tile loop as it is: not flattened with the K loop)
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=not WARP_SPECIALIZE,
+                            warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -173,16 +230,31 @@ def linear_gelu_tma_kernel(
         tile_id_c += NUM_SMS
         pid_m, pid_n = linear_gelu_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT64:  # offsets past 2**31 elements
             offs_m = offs_m.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
-        # the epilogue, on the f32 accumulator
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
-        # Y = gelu(X @ W + b)
-        Y = gelu(acc + b)
-        tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
+        if EPILOGUE_SUBTILE:
+            acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            for half in tl.static_range(2):
+                acc = acc_lo if half == 0 else acc_hi
+                offs_n = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                if INT64:
+                    offs_n = offs_n.to(tl.int64)
+                # the epilogue, on the f32 accumulator
+                mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+                b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+                # Y = gelu(X @ W + b)
+                Y = gelu(acc + b)
+                tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            if INT64:
+                offs_n = offs_n.to(tl.int64)
+            # the epilogue, on the f32 accumulator
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+            # Y = gelu(X @ W + b)
+            Y = gelu(acc + b)
+            tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
 
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).
@@ -195,17 +267,32 @@ linear_gelu_configs = [
     {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
     {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
     {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
     {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
+    {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "SPLIT_K": 4},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "TMA": True, "WS": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True, "WS": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "TMA": True, "WS": True},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True, "WS": True, "SUBTILE": True},
 ]
 
 
@@ -276,13 +363,13 @@ def linear_gelu(X, W, b, *, out=None, config=None):
     _check_tensor("b", b, torch.float16, 1, "f16[N]")
     _check_shape("b", b, (N,), "f16[N]", "W")
     device = _device(("X", X), ("W", W), ("b", b))
-    Y, = _outputs(out, device, ("Y", (M, N), torch.float16))
+    Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)), ("Y", (M, N), torch.float16))
     if Y.numel() == 0:
         return Y
     if config is None:
         config = _linear_gelu_config(M, N, device)
     if config.get("TMA"):
-        config = {key: value for key, value in config.items() if key != "TMA"}
+        persistent = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
         X_desc, A_T = _tma_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _tma_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])
         if X_desc is not None and W_desc is not None and _has_tma(device):
@@ -294,18 +381,35 @@ def linear_gelu(X, W, b, *, out=None, config=None):
                 M, N, K,
                 b.stride(0),
                 Y.stride(0), Y.stride(1),
-                A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(X, W, b, Y), **config,
+                A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(X, W, b, Y),
+                WARP_SPECIALIZE=config.get("WS", False), EPILOGUE_SUBTILE=config.get("SUBTILE", False),
+                **persistent,
             )
             return Y
-        # TMA cannot read these operands here: the tiled kernel, same tiles
-    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
+        config = persistent  # TMA cannot read these operands here: the tiled kernel, same tiles
+    split_k = config.get("SPLIT_K", 1)
+    config = {key: value for key, value in config.items() if key != "SPLIT_K"}
+    # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up
+    partials = torch.empty((split_k, M, N), device=device, dtype=torch.float32) if split_k > 1 else Y
+    int64 = _needs_int64(X, W, b, Y, partials)
+    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]), split_k)
     linear_gelu_kernel[grid](
-        X, W, b, Y,
+        X, W, b, Y, partials,
         M, N, K,
         X.stride(0), X.stride(1),
         W.stride(0), W.stride(1),
         b.stride(0),
         Y.stride(0), Y.stride(1),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=_needs_int64(X, W, b, Y), **config,
+        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k, **config,
     )
+    if split_k > 1:
+        grid = (triton.cdiv(M, config["BLOCK_M"]), triton.cdiv(N, config["BLOCK_N"]))
+        linear_gelu_split_k_kernel[grid](
+            partials,
+            b, Y,
+            M, N,
+            b.stride(0),
+            Y.stride(0), Y.stride(1),
+            BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], SPLIT_K=split_k, INT64=int64,
+        )
     return Y

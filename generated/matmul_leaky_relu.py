@@ -46,20 +46,34 @@ def _device(*named):
     return device
 
 
-def _outputs(out, device, *specs):
+def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
     given = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for value, (name, shape, dtype) in zip(given, specs):
+    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
                 or value.device != device:
             got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
             raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
                                 f"got {got}")
+        others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
+        for other, tensor in others:
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
+                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            if not same and _overlap(value, tensor):
+                raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
+
+
+def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
+             * t.element_size()) for t in (a, b)]
+    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 
 def _needs_int64(*tensors):
@@ -260,13 +274,13 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
     _check_shape("B", B, (K, None), "f16[K, N]", "A")
     alpha = _check_scalar("alpha", alpha, float)
     device = _device(("A", A), ("B", B))
-    C, = _outputs(out, device, ("C", (M, N), torch.float16))
+    C, = _outputs(out, device, (("A", A), ("B", B)), ("C", (M, N), torch.float16))
     if C.numel() == 0:
         return C
     if config is None:
         config = _matmul_leaky_relu_config(M, N, device)
     if config.get("TMA"):
-        config = {key: value for key, value in config.items() if key != "TMA"}
+        persistent = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
         A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
         if A_desc is not None and B_desc is not None and _has_tma(device):
@@ -277,10 +291,11 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
                 A_desc, B_desc, alpha, C,
                 M, N, K,
                 C.stride(0), C.stride(1),
-                A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(A, B, C), **config,
+                A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(A, B, C),
+                **persistent,
             )
             return C
-        # TMA cannot read these operands here: the tiled kernel, same tiles
+        config = persistent  # TMA cannot read these operands here: the tiled kernel, same tiles
     grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
     matmul_leaky_relu_kernel[grid](
         A, B, alpha, C,

@@ -46,20 +46,34 @@ def _device(*named):
     return device
 
 
-def _outputs(out, device, *specs):
+def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
     given = [out] if isinstance(out, torch.Tensor) else list(out)
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for value, (name, shape, dtype) in zip(given, specs):
+    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
                 or value.device != device:
             got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
             raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
                                 f"got {got}")
+        others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
+        for other, tensor in others:
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
+                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            if not same and _overlap(value, tensor):
+                raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
+
+
+def _overlap(a, b):
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
+             * t.element_size()) for t in (a, b)]
+    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 
 def _needs_int64(*tensors):
@@ -111,7 +125,7 @@ def silu_mul(x, gate, *, out=None, config=None):
     _check_tensor("gate", gate, torch.float16, 2, "f16[M, N]")
     _check_shape("gate", gate, (M, N), "f16[M, N]", "x")
     device = _device(("x", x), ("gate", gate))
-    y, = _outputs(out, device, ("y", (M, N), torch.float16))
+    y, = _outputs(out, device, (("x", x), ("gate", gate)), ("y", (M, N), torch.float16))
     n_elements = y.numel()
     if n_elements == 0:
         return y

@@ -53,6 +53,10 @@ class Tuning:
 
     configs: tuple[dict, ...]
     prune: Callable | None = None
+    # key(args, kwargs) -> str or None: the problem key, for calls whose arguments
+    # ``problem_key`` cannot describe (a grouped GEMM's lists of tensors); it is the
+    # in-memory key too, so it must be cheap.  None: a call the host function rejects.
+    key: Callable | None = None
 
 
 def enabled() -> bool:
@@ -150,25 +154,31 @@ class Tuner:
         if not self.active or "config" in kwargs:
             return None
         # The per-call path: one dict lookup on the arguments' dtypes, shapes and strides.
-        fast = tuple(map(_signature, args))
-        if kwargs:
-            fast += tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out")
+        if self.tuning.key is not None:
+            fast = self.tuning.key(args, kwargs)
+            if fast is None:
+                return None              # the host function reports it
+        else:
+            fast = tuple(map(_signature, args))
+            if kwargs:
+                fast += tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out")
         config = self.memory.get(fast, _MISSING)
         if config is _MISSING:
-            config = self._choose(args, kwargs)
+            config = self._choose(args, kwargs, fast if self.tuning.key is not None else None)
             self.memory[fast] = config
         self.last = config
         return config
 
-    def _choose(self, args, kwargs) -> dict | None:
+    def _choose(self, args, kwargs, key: str | None = None) -> dict | None:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
             return None                  # the host function reports it
-        tensors = [v for v in bound.arguments.values() if isinstance(v, torch.Tensor)]
+        tensors = [t for name, v in bound.arguments.items() if name not in ("out", "config")
+                   for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
         if not tensors or not (self.force or all(t.is_cuda for t in tensors)):
             return None                  # Triton's interpreter: nothing to time
-        key = problem_key(bound.arguments)
+        key = key or problem_key(bound.arguments)
         with self._lock:
             cache = self._disk(tensors[0])
             config = cache.load().get(key)

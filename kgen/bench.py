@@ -30,6 +30,8 @@ SWEEPS = {
     "row_reduce": [{"rows": 4096, "cols": n} for n in (256, 1024, 4096, 16384)]
                   + [{"rows": 1024, "cols": n} for n in (65536, 262144)],
     "gemm": [{"square": n} for n in (512, 1024, 2048, 4096, 8192)],
+    # lists of 4 problems of n x n x n (the issue's; see .bench/bench_grouped.py for the MoE shape)
+    "grouped_gemm": [{"square": n, "groups": 4} for n in (128, 256, 512, 1024, 2048)],
 }
 
 
@@ -112,14 +114,19 @@ def make_inputs(kir: KernelIR, sizes: dict[str, int], device, dtype: D.DType | N
             continue
         shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.shape)
         want = dtype if dtype is not None and p.dtype.is_float else p.dtype
-        if want.is_float:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32)
-        elif want is D.BOOL:
-            t = torch.rand(shape, generator=gen) > 0.5
-        else:
-            t = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int32)
-        args[p.name] = t.to(device=device, dtype=want.torch)
+        made = [_random(shape, want, gen, device) for _ in range(sizes.get("groups", 4) if p.is_list else 1)]
+        args[p.name] = made if p.is_list else made[0]   # a list parameter: one tensor per problem
     return args
+
+
+def _random(shape, want: D.DType, gen, device) -> torch.Tensor:
+    if want.is_float:
+        t = torch.randn(shape, generator=gen, dtype=torch.float32)
+    elif want is D.BOOL:
+        t = torch.rand(shape, generator=gen) > 0.5
+    else:
+        t = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int32)
+    return t.to(device=device, dtype=want.torch)
 
 
 def retyped(text: str, dtype: D.DType | None) -> str:
@@ -150,7 +157,7 @@ def _single_kernel(path: Path, dtype: D.DType | None):
 
 
 def _outputs_tuple(result):
-    return result if isinstance(result, (tuple, list)) else (result,)
+    return result if isinstance(result, tuple) else (result,)   # a grouped kernel's output is a list
 
 
 def run_once(args) -> int:
@@ -174,11 +181,15 @@ def run_once(args) -> int:
         print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
               f" with {shape_text or 'scalars'}:")
         for name, g, w in zip(kernel.outputs, got, want):
+            shown = f"{g.dtype} {tuple(g.shape)}" if not isinstance(g, list) else \
+                f"{len(g)} x {g[0].dtype if g else ''} {[tuple(t.shape) for t in g]}"
+            if isinstance(g, list):   # a grouped kernel: every problem's elements
+                g, w = (torch.cat([t.double().flatten() for t in x]) for x in (g, w))
             err = (g.double() - w.double()).abs()
             finite = torch.isfinite(w.double()) if isinstance(w, torch.Tensor) else True
             max_err = err[finite].max().item() if err.numel() and bool(torch.as_tensor(finite).any()) else 0.0
             worst = max(worst, max_err)
-            print(f"  {name}: {g.dtype} {tuple(g.shape)}  max abs error {max_err:.3g}")
+            print(f"  {name}: {shown}  max abs error {max_err:.3g}")
         if interpreted:
             print(f"  time: {elapsed * 1e3:.1f} ms (first call, interpreter)")
         else:
@@ -189,6 +200,7 @@ def run_once(args) -> int:
 
 
 def _bytes(tensors) -> int:
+    tensors = [t for x in tensors for t in (x if isinstance(x, list) else [x])]
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
@@ -201,7 +213,8 @@ def _flops(kir: KernelIR, inputs: dict) -> int:
             n = _concrete(b.shape[-1], inputs, kir)
             batch = math.prod(_concrete(d, inputs, kir) for d in node.shape[:-2])
             total += 2 * batch * m_k[-2] * m_k[-1] * n
-    return total
+    groups = [len(v) for v in inputs.values() if isinstance(v, list)]
+    return total * (groups[0] if groups else 1)   # a grouped kernel's problems are alike here
 
 
 def _concrete(d, inputs, kir: KernelIR) -> int:
@@ -209,7 +222,8 @@ def _concrete(d, inputs, kir: KernelIR) -> int:
         return d
     for p in kir.params:
         if p.shape and d in p.shape:
-            return inputs[p.name].shape[p.shape.index(d)]
+            x = inputs[p.name]
+            return (x[0] if isinstance(x, list) else x).shape[p.shape.index(d)]
     raise KeyError(d)
 
 
@@ -228,6 +242,8 @@ def bench(args) -> int:
         compiled = None if args.no_compile else _compiled(eager)
         for point in points:
             sizes = sizes_for(kernel.ir, point)
+            if "groups" in point:
+                sizes["groups"] = point["groups"]
             inputs = make_inputs(kernel.ir, sizes, "cuda", None)
             ordered = [inputs[n] for n in kernel.inputs]
             outs = _outputs_tuple(kernel(*ordered))

@@ -75,7 +75,18 @@ REFERENCE_OPS = {
 
 
 def evaluate(kir: KernelIR, args: dict, exact: bool = True) -> tuple:
-    """Outputs of ``kir`` for ``args`` (parameter name → tensor or number), in order."""
+    """Outputs of ``kir`` for ``args`` (parameter name → tensor or number), in order.
+    A grouped kernel (list parameters) is evaluated once per problem, with the i-th tensor
+    of each list; each of its outputs is a list."""
+    lists = [p.name for p in kir.params if p.is_list]
+    if lists:
+        problems = [_evaluate(kir, {**args, **{n: args[n][i] for n in lists}}, exact)
+                    for i in range(len(args[lists[0]]))]
+        return tuple(list(outs) for outs in zip(*problems)) if problems else tuple([] for _ in kir.outputs)
+    return _evaluate(kir, args, exact)
+
+
+def _evaluate(kir: KernelIR, args: dict, exact: bool) -> tuple:
     values: dict[int, object] = {}
     for node in topo_order(o.node for o in kir.outputs):
         values[id(node)] = _eval(node, [values[id(i)] for i in node.inputs], args, exact)

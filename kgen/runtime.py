@@ -107,6 +107,14 @@ class Kernel:
         if tuning is not None and tuning.configs:
             from .autotune import Tuner
             self._tuner = Tuner(self._host, tuning, self.source, kir.name)
+        # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
+        self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
+        self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
+        self._moe_tuner = None
+        moe_tuning = getattr(plan, "moe_tuning", None)
+        if moe_tuning is not None and moe_tuning.configs:
+            from .autotune import Tuner
+            self._moe_tuner = Tuner(self._moe_host, moe_tuning, self.source, f"{kir.name}_moe")
 
     def __call__(self, *args, **kwargs):
         try:
@@ -121,6 +129,26 @@ class Kernel:
         except TypeError as e:
             if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
                 raise CallError(f"{self.name}({', '.join(self.inputs)}): {e}") from None
+            raise
+
+    def moe(self, *args, offs, **kwargs):
+        """A grouped GEMM in the MoE layout (as ``torch._grouped_mm(A, B, offs=offs)``): each
+        list parameter is one tensor, its problems' rows stacked (``[T, ...]``, problem g
+        owning rows ``offs[g - 1]`` to ``offs[g]``) when its per-problem shape starts with M,
+        else its problems stacked (``[G, ...]``); returns the outputs' ``[T, N]`` tensors."""
+        if self._moe_host is None:
+            raise CallError(f"{self.name}: no MoE form: {self._moe_why}")
+        kwargs["offs"] = offs
+        try:
+            config = self._moe_tuner.choose(args, kwargs) if self._moe_tuner is not None else None
+            if config is None:
+                return self._moe_host(*args, **kwargs)
+            return self._moe_host(*args, config=config, **kwargs)
+        except self._argument_error as e:
+            raise CallError(f"{self.name}.moe: {e}") from None
+        except TypeError as e:
+            if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
+                raise CallError(f"{self.name}.moe({', '.join(self.inputs)}, *, offs): {e}") from None
             raise
 
     def __repr__(self) -> str:
@@ -144,13 +172,44 @@ class HeaderlessKernel:
             args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
-        key = tuple((a.dtype, tuple(s == 1 for s in a.shape)) if isinstance(a, torch.Tensor) else type(a)
-                    for a in args)
+        key = tuple((a.dtype, tuple(s == 1 for s in a.shape)) if isinstance(a, torch.Tensor) else
+                    _list_key(a) if isinstance(a, (list, tuple)) else type(a) for a in args)
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._specialize(key, args)
         self._last = kernel
         return kernel(*args, out=out)
+
+    def moe(self, *args, offs, out=None, **kwargs):
+        """The grouped GEMM of these statements in the MoE layout (see ``Kernel.moe``).  The
+        call decides what each tensor is: rank 3, problems stacked ``[G, ...]``; rank 2,
+        rows stacked ``[T, ...]`` when it has as many rows as the first 2-D input, else
+        problems stacked; rank 0 or 1, problems stacked."""
+        if kwargs:
+            args = self._bind(args, kwargs)
+        if len(args) != len(self.inputs):
+            raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
+        first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() == 2), None)
+        if first is None:
+            raise CallError("moe: expected a 2-D tensor whose rows are the problems' rows (A: [T, K])")
+        rows, groups = first.shape[0], len(offs) if isinstance(offs, (list, tuple, torch.Tensor)) else None
+        key = []
+        for name, a in zip(self.inputs, args):
+            if not isinstance(a, torch.Tensor):
+                key.append(type(a))
+                continue
+            ragged = a.dim() == 2 and a.shape[0] == rows
+            if ragged and a is not first and rows == groups:
+                raise CallError(f"moe: {name} has as many rows as problems ({rows}): it could be stacked rows "
+                                f"or one row per problem; declare the kernel with list types")
+            ones = (False,) + tuple(s == 1 for s in a.shape[1:]) if ragged else tuple(s == 1 for s in a.shape[1:])
+            key.append((a.dtype, ones, True))
+        key = tuple(key)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._specialize(key, args)
+        self._last = kernel
+        return kernel.moe(*args, offs=offs, out=out)
 
     def _bind(self, args, kwargs):
         bound = list(args) + [None] * (len(self.inputs) - len(args))
@@ -169,13 +228,15 @@ class HeaderlessKernel:
     def _specialize(self, key, args) -> Kernel:
         types = []
         for name, k, a in zip(self.inputs, key, args):
+            if k is _EMPTY_LIST:
+                raise CallError(f"{name}: expected a list of tensors (one per problem), got an empty list")
             if isinstance(k, tuple):
                 if k[0] not in D.BY_TORCH:
                     raise CallError(f"{name}: dtype {k[0]} is not supported "
                                     f"(use {', '.join(d.name for d in D.BY_NAME.values())})")
                 if len(k[1]) > 4:
                     raise CallError(f"{name}: tensors of rank {len(k[1])} are not supported (at most 4)")
-                types.append(Arg(D.BY_TORCH[k[0]], k[1]))
+                types.append(Arg(D.BY_TORCH[k[0]], k[1], is_list=len(k) > 2))
             elif k in (int, float):
                 types.append(Arg(D.F32 if k is float else D.I32, None))
             else:
@@ -212,6 +273,22 @@ class HeaderlessKernel:
 
     def __repr__(self) -> str:
         return f"<kgen.Kernel ({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.text!r}>"
+
+
+_EMPTY_LIST = ("empty list",)
+
+
+def _list_key(values):
+    """A list of tensors (a grouped GEMM's problems): dtype of the first, the axes of size 1
+    in every one, and a mark that it is a list.  Mixed dtypes are the host's to report."""
+    if not values:
+        return _EMPTY_LIST
+    first = values[0]
+    if not isinstance(first, torch.Tensor):
+        return type(values)
+    ones = tuple(all(isinstance(t, torch.Tensor) and t.dim() > ax and t.shape[ax] == 1 for t in values)
+                 for ax in range(first.dim()))
+    return first.dtype, ones, True
 
 
 class Kernels(dict):

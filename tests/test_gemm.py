@@ -7,6 +7,7 @@ the bound on what f32 accumulation (or TF32 rounding) can be off by.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -350,6 +351,118 @@ def test_tma_falls_back_where_it_cannot_read():
         assert_close(host(a, b, config=tma_config()), a.double() @ b.double(), bound(a, b))
 
 
+@settings(deadline=None, max_examples=10)
+@given(st.sampled_from([1, 40, 64]), st.sampled_from([16, 40, 64]), st.sampled_from([8, 31, 64]),
+       st.booleans(), st.booleans(), st.booleans())
+def test_warp_specialized_and_subtiled_epilogue(m, k, n, a_t, b_t, subtile):
+    """The persistent kernel's WARP_SPECIALIZE and EPILOGUE_SUBTILE flags (Triton's interpreter
+    takes warp_specialize and runs the loop as it is): same results, halves past N masked."""
+    text = "C = gelu(A @ W + b)"
+    a, w, bias = randn(m, k, dtype=torch.float16, transposed=a_t), randn(k, n, dtype=torch.float16, transposed=b_t), \
+        randn(n)
+    kernel = compiled(text)
+    kernel(a, w, bias)
+    module = kernel._last.module
+    assert "WARP_SPECIALIZE" in kernel.source if gemm.has_warp_specialize() else "warp_specialize" not in kernel.source
+    config = {**tma_config(16, 32, 16, 1), "WS": gemm.has_warp_specialize(), "SUBTILE": subtile}
+    with watching(module, "c_tma_kernel", "c_kernel") as (tma, tiled):
+        got = getattr(module, kernel._last.name)(a, w, bias, config=config)
+    aligned = (m if a_t else k) % 8 == 0 and (k if b_t else n) % 8 == 0
+    assert (tma.count, tiled.count) == ((1, 0) if aligned else (0, 1))      # the tiled kernel ignores the flags
+    assert_close(got, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
+
+
+def split_config(split, bm=16, bn=16, bk=16, group=2):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": 4, "num_stages": 1,
+            "SPLIT_K": split}
+
+
+@settings(deadline=None, max_examples=15)
+@given(st.sampled_from([1, 17, 33]), st.sampled_from([1, 31, 64, 97]), st.sampled_from([5, 32]),
+       st.sampled_from([1, 2, 3, 4, 8]), st.booleans(), st.sampled_from(["f16", "f32"]))
+def test_split_k(m, k, n, split, a_t, dtype):
+    """SPLIT_K programs per tile sum interleaved slices of K (some empty when K is short, the
+    last one masked); the second kernel adds the f32 partial sums and runs the epilogue."""
+    dt = DTYPES[dtype]
+    a, w, bias = randn(m, k, dtype=dt, transposed=a_t), randn(k, n, dtype=dt), randn(n)
+    kernel = compiled("C = gelu(A @ W + b)")
+    kernel(a, w, bias)
+    module = kernel._last.module
+    with watching(module, "c_kernel", "c_split_k_kernel") as (tiled, reduce):
+        got = getattr(module, kernel._last.name)(a, w, bias, config=split_config(split))
+    assert (tiled.count, reduce.count) == (1, int(split > 1))
+    assert_close(got, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
+
+
+def test_split_k_batched_prologue_and_outputs():
+    """Split-K with a batch (the workspace holds batch x SPLIT_K slices), an operand
+    prologue, strided operands and two outputs, one of them an epilogue intermediate."""
+    k = compiled("P = relu(A) @ B\nC = P * s + R\nD = sigmoid(P)")
+    a, b = randn(3, 21, 70, transposed=True), randn(70, 19)
+    s, r = randn(3, 21, 1), randn(3, 21, 19)
+    k(a, b, s, r)
+    host = getattr(k._last.module, k._last.name)
+    p = torch.relu(a.double()) @ b.double()
+    err = bound(torch.relu(a), b)
+    for split in (1, 2, 5):
+        c, d = host(a, b, s, r, config=split_config(split, bk=16))
+        assert_close(c, p * s.double() + r.double(), err, factor=4.0)
+        assert_close(d, torch.sigmoid(p), err)
+
+
+def test_split_k_int64_offsets(monkeypatch):
+    k = compiled("C = A @ B + R")
+    a, b, r = randn(2, 33, 40), randn(40, 35), randn(2, 33, 35)
+    k(a, b, r)
+    module = k._last.module
+    monkeypatch.setattr(module, "_needs_int64", lambda *ts: True)
+    assert_close(getattr(module, k._last.name)(a, b, r, config=split_config(3)), a.double() @ b.double() + r.double(),
+                 bound(a, b))
+
+
+def test_without_warp_specialize_in_triton(monkeypatch):
+    """A Triton whose tl.range has no warp_specialize: no WS candidate, and the persistent
+    kernel's loop does not name it (the kernel would not compile)."""
+    monkeypatch.setattr(gemm, "has_warp_specialize", lambda: False)
+    plan = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n")
+    assert plan.plans[0].tma and not plan.plans[0].ws
+    assert not any(c.get("WS") for c in plan.plans[0].tuning.configs)
+    assert "warp_specialize" not in plan.source and "WARP_SPECIALIZE" not in plan.source
+    assert "tl.range(start_pid, num_tiles, NUM_SMS, flatten=True)" in plan.source
+    with pytest.raises(kgen.SpecError, match="WS = 1 needs a Triton"):
+        generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"
+                 "schedule g {\n  TMA = 1\n  WS = 1\n}\n")
+
+
+def test_warp_specialize_guard_reads_tl_range(monkeypatch):
+    import triton.language as tl
+
+    class OldRange:                 # tl.range before warp_specialize
+        def __init__(self, arg1, arg2=None, step=None, num_stages=None, loop_unroll_factor=None, flatten=False):
+            pass
+
+    check = gemm.has_warp_specialize.__wrapped__        # uncached
+    assert check() == ("warp_specialize" in inspect.signature(tl.range).parameters)
+    monkeypatch.setattr(tl, "range", OldRange)
+    assert check() is False
+
+
+def test_schedule_flags():
+    """SPLIT_K lists multiply the tiled candidates; WS and SUBTILE the persistent ones."""
+    head = "kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"
+    split = generate(head + "schedule g {\n  BLOCK_M = [16, 32]\n  SPLIT_K = [1, 4]\n}\n").plans[0]
+    assert [(c["BLOCK_M"], c.get("SPLIT_K", 1)) for c in split.tuning.configs] == [(16, 1), (16, 4), (32, 1), (32, 4)]
+    assert split.split_k and not split.tma and split.scheduled
+    only = generate(head + "schedule g {\n  SPLIT_K = 2\n}\n").plans[0]
+    assert only.tuning.configs == () and only.split_k                # one candidate: the heuristic splits K
+    assert all('"SPLIT_K": 2' in config for _, config in only.heuristic)
+    if gemm.has_warp_specialize():
+        ws = generate(head + "schedule g {\n  TMA = 1\n  WS = [0, 1]\n  SUBTILE = 1\n}\n").plans[0]
+        assert [(c.get("WS", False), c.get("SUBTILE")) for c in ws.tuning.configs] == [(False, True), (True, True)]
+        assert ws.ws and ws.subtile and all(c["TMA"] for c in ws.tuning.configs)
+        assert "flatten=not WARP_SPECIALIZE" in generate(head + "schedule g {\n  TMA = 1\n  WS = 1\n}\n").source
+
+
 # --- generated source ------------------------------------------------------------------------
 
 def test_generated_source_reads_like_tutorial_03():
@@ -381,9 +494,15 @@ def test_schedule_lists_are_candidates():
     assert {c["BLOCK_M"] for c in configs} == {64, 128} and {c["BLOCK_K"] for c in configs} == {64}
     assert sum(bool(c.get("TMA")) for c in configs) == 8 and kir_plan.tma
     default_plan = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n").plans[0]
-    assert [tuple(c.values()) for c in default_plan.tuning.configs if not c.get("TMA")] == list(gemm.CANDIDATES_16)
-    assert [tuple(c.values())[:6] for c in default_plan.tuning.configs if c.get("TMA")] == \
+    configs = default_plan.tuning.configs
+    assert [tuple(c.values()) for c in configs if set(c) == set(gemm.CONFIG_KEYS)] == list(gemm.CANDIDATES_16)
+    assert [tuple(c.values()) for c in configs if "SPLIT_K" in c] == list(gemm.SPLIT_K_CANDIDATES_16)
+    assert [tuple(c.values())[:6] for c in configs if c.get("TMA") and not c.get("WS")] == \
         list(gemm.TMA_CANDIDATES_16)
+    assert [tuple(c.values())[:6] + (bool(c.get("SUBTILE")),) for c in configs if c.get("WS")] == \
+        (list(gemm.WS_CANDIDATES_16) if gemm.has_warp_specialize() else [])
+    assert default_plan.split_k and default_plan.ws == gemm.has_warp_specialize()
+    assert not kir_plan.split_k and not kir_plan.ws and not kir_plan.subtile     # the spec's list has neither
     batched = generate("kernel g(A: f16[B, M, K], W: f16[K, N]) -> C: f16[B, M, N] {\n  C = A @ W\n}\n").plans[0]
     assert not batched.tma and not any(c.get("TMA") for c in batched.tuning.configs)
     fixed = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"
@@ -398,6 +517,9 @@ def test_schedule_lists_are_candidates():
     ("BLOCK_K = 8", "at least 16"),
     ("input_precision = fast", "input_precision takes one of"),
     ("TMA = 2", "TMA takes 0 or 1"),
+    ("SUBTILE = 1", "need TMA = 1"),
+    ("TMA = 1\n  SPLIT_K = 2", "it needs TMA = 0"),
+    ("SPLIT_K = 0", "SPLIT_K takes positive integers"),
 ])
 def test_bad_schedule(schedule, message):
     spec = (f"kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {{\n  C = A @ B\n}}\n"
@@ -624,19 +746,38 @@ def test_problem_key_covers_sizes_dtypes_and_layout():
     assert autotune.problem_key({"A": a, "B": b[:, :1].expand(4, 6)}).endswith("s0")
 
 
+def default_configs():
+    plan = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n").plans[0]
+    return list(plan.tuning.configs)
+
+
+def half(*shape):
+    return torch.empty(*shape, dtype=torch.float16)
+
+
 def test_prune_keeps_tiles_that_fit_the_problem():
-    configs = [dict(zip(gemm.CONFIG_KEYS, c)) for c in gemm.CANDIDATES_16]
-    small = gemm.prune(configs, {"A": torch.empty(16, 4096), "B": torch.empty(4096, 4096)}, "A", "B")
-    assert small and all(c["BLOCK_M"] == 16 for c in small)
-    assert len(gemm.prune(configs, {"A": torch.empty(4096, 4096), "B": torch.empty(4096, 4096)}, "A", "B")) == \
-        len(configs)
-    tiny = gemm.prune(configs, {"A": torch.empty(1, 1), "B": torch.empty(1, 1)}, "A", "B")
-    assert len(tiny) == 1
-    tma = [dict(zip(gemm.CONFIG_KEYS, c), TMA=True) for c in gemm.TMA_CANDIDATES_16]
-    big = {"A": torch.empty(4096, 4096, dtype=torch.float16), "B": torch.empty(4096, 4096, dtype=torch.float16)}
-    assert len(gemm.prune(configs + tma, big, "A", "B")) == len(configs) + len(tma)
-    odd = {"A": torch.empty(4096, 4095, dtype=torch.float16), "B": torch.empty(4095, 4096, dtype=torch.float16)}
-    assert gemm.prune(configs + tma, odd, "A", "B") == configs          # rows TMA cannot address
+    configs = default_configs()
+    tiled = [c for c in configs if set(c) == set(gemm.CONFIG_KEYS)]
+    big = gemm.prune(configs, {"A": half(4096, 4096), "B": half(4096, 4096)}, "A", "B")
+    # big squares: every large tile, tiled and persistent; no split-K, no small tiles
+    assert [c for c in configs if c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 128 and "SPLIT_K" not in c] == big
+    assert len(big) <= 24
+    # LLM decode (M = 16): 16-row tiles, split-K among them; prefill (M = 128): tiles that fill 132 SMs
+    decode = gemm.prune(configs, {"A": half(16, 4096), "B": half(4096, 4096)}, "A", "B")
+    assert decode and all(c["BLOCK_M"] == 16 for c in decode) and any("SPLIT_K" in c for c in decode)
+    prefill = gemm.prune(configs, {"A": half(128, 4096), "B": half(4096, 4096)}, "A", "B")
+    programs = lambda c: -(-128 // c["BLOCK_M"]) * -(-4096 // c["BLOCK_N"]) * c.get("SPLIT_K", 1)  # noqa: E731
+    assert all(programs(c) >= gemm.DEFAULT_SMS // 4 for c in prefill) and len(prefill) <= 24
+    assert {(128, 128, 4), (64, 128, 2)} <= {(c["BLOCK_M"], c["BLOCK_N"], c["SPLIT_K"]) for c in prefill
+                                              if "SPLIT_K" in c}
+    # split-K needs K: 4 steps of BLOCK_K per slice
+    assert not any("SPLIT_K" in c for c in gemm.prune(configs, {"A": half(16, 256), "B": half(256, 4096)}, "A", "B"))
+    tiny = gemm.prune(configs, {"A": half(1, 1), "B": half(1, 1)}, "A", "B")
+    assert len(tiny) == 1 and not tiny[0].get("TMA") and "SPLIT_K" not in tiny[0]
+    odd = {"A": half(4096, 4095), "B": half(4095, 4096)}
+    assert gemm.prune(configs, odd, "A", "B") == gemm.prune(tiled, odd, "A", "B")   # rows TMA cannot address
+    batched = gemm.prune(configs, {"A": half(64, 16, 4096), "B": half(4096, 4096)}, "A", "B")
+    assert not any("SPLIT_K" in c for c in batched)       # 64 batches of 16 rows fill the GPU without it
 
 
 def test_kernel_call_passes_the_tuned_config(cache, monkeypatch):

@@ -167,3 +167,76 @@ def test_spec_path_cannot_break_the_header(tmp_path):
     source = generate("kernel f(x: f32[N]) -> y: f32[N] { y = x }", "evil\nimport os\r.k").source
     assert_clean(source)
     assert "\nimport os" not in source
+
+
+# --- calls that must fail before any launch -----------------------------------------
+
+SOFTMAX = "kernel softmax(X: f32[M, N]) -> Y: f32[M, N] { Y = exp(X - max(X)) / sum(exp(X - max(X))) }"
+ADD = "kernel add(x: f32[M, N], y: f32[M, N]) -> z: f32[M, N] { z = x + y }"
+
+
+@pytest.mark.parametrize("spec", [SOFTMAX, "kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C = A @ B }"])
+def test_out_may_not_overlap_an_input(spec, device):
+    k = kgen.compile(spec)
+    x = torch.randn(6, 6, device=device)
+    args = [x] * len(k.inputs)
+    with pytest.raises(kgen.CallError, match=r"out \(.\): overlaps"):
+        k(*args, out=x)
+    with pytest.raises(kgen.CallError, match="overlaps"):
+        big = torch.randn(12, 6, device=device)
+        k(*[big[:6]] * len(k.inputs), out=big[3:9])
+
+
+def test_elementwise_out_may_be_an_input_exactly(device):
+    k = kgen.compile(ADD)
+    x, y = torch.randn(5, 7, device=device), torch.randn(5, 7, device=device)
+    want = x + y
+    assert k(x, y, out=x) is x
+    torch.testing.assert_close(x, want)
+    big = torch.randn(6, 7, device=device)
+    with pytest.raises(kgen.CallError, match="overlaps x"):
+        k(big[:5], y, out=big[1:])
+
+
+def test_several_outs_may_not_overlap_each_other(device):
+    k = kgen.compile("kernel two(x: f32[N]) -> (a: f32[N], b: f32[N]) { a = x + 1; b = x * 2 }")
+    x = torch.randn(8, device=device)
+    buf = torch.empty(12, device=device)
+    with pytest.raises(kgen.CallError, match=r"out \(b\): overlaps a"):
+        k(x, out=(buf[:8], buf[4:]))
+
+
+# --- files and caches -----------------------------------------------------------------
+
+def test_two_processes_compile_one_spec_at_once(tmp_path):
+    import subprocess
+    import sys
+    script = ("import kgen, torch; k = kgen.compile('Y = X * 3 + 1'); x = torch.arange(6.); "
+              "assert torch.equal(k(x), x * 3 + 1); print('ok')")
+    env = {**os.environ, "KGEN_CACHE_DIR": str(tmp_path), "TRITON_INTERPRET": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out.strip() == "ok", err
+    modules = list(tmp_path.glob("kgen_*.py"))
+    assert len(modules) == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+    source = modules[0].read_text()
+    assert_clean(source)
+
+
+def test_a_corrupt_cached_module_is_rewritten(tmp_path, monkeypatch, device):
+    from kgen import runtime
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    text = "kernel corrupt_probe(x: f32[N]) -> y: f32[N] { y = x - 7 }"
+    source = generate(text, "<string>").source
+    monkeypatch.setattr(runtime, "_modules", {})
+    runtime.load(source)
+    (cached,) = tmp_path.glob("kgen_*.py")
+    cached.write_text("raise SystemExit('tampered')\n")
+    monkeypatch.setattr(runtime, "_modules", {})
+    module = runtime.load(source)
+    assert cached.read_text() == source
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close(module.corrupt_probe(x), x - 7)

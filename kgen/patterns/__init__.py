@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from ..errors import UnsupportedError
 from ..ir import KernelIR, Op, topo_order
-from . import elementwise, gemm, row_reduce
+from . import elementwise, gemm, grouped_gemm, row_reduce
 
 # Most specific first.
-MATCHERS = (gemm.match, row_reduce.match, elementwise.match)
+MATCHERS = (grouped_gemm.match, gemm.match, row_reduce.match, elementwise.match)
 
 
 def classify(kir: KernelIR):

@@ -5,7 +5,7 @@ feeds any pointwise DAG: the epilogue runs on the f32 accumulator, reads scalars
 and extra tensors that broadcast to the output (bias ``[N]``, row scale ``[M, 1]``,
 residual ``[M, N]``), and each output is stored once.
 
-Two kernels, one epilogue:
+Two kernels (three with split-K), one epilogue:
 
 - **tiled** (every GPU, the interpreter): one ``BLOCK_M x BLOCK_N`` tile per program;
   programs ordered in groups of ``GROUP_M`` tile rows so that programs running together
@@ -14,12 +14,21 @@ Two kernels, one epilogue:
   ``EVEN_K``); the store masks M and N.  Strides are runtime arguments, so transposed,
   sliced or broadcast operands need no copy (Triton specializes unit strides).  A
   batch index comes from the program id; offsets turn int64 past 2**31 elements.
+  With ``SPLIT_K`` > 1 (where the output has too few tiles to fill the GPU: LLM
+  decode and prefill) a tile takes SPLIT_K programs, each summing the K slices
+  ``pid_k, pid_k + SPLIT_K, ...`` into an f32 workspace; ``<kernel>_split_k_kernel``
+  adds the slices and runs the epilogue (which need not be linear: no atomics).
 - **persistent + TMA** (config ``"TMA": True``; 2-D, 16-bit operands read as they
   are): ``NUM_SMS`` programs walk the tiles in the same grouped order (tutorial 09)
   and load A and B through TMA descriptors (row- or column-major, zero-padded at the
   edges).  The host falls back to the tiled kernel, same tiles, where TMA cannot
   address the operands (unaligned rows, no contiguous axis, K = 0) or the GPU has
   none (before Hopper).  It joins the autotuning candidates; it never is the default.
+  Its options: ``WS`` (``WARP_SPECIALIZE``: ``tl.range(..., warp_specialize=True)``,
+  the loop not flattened, as Hopper's warp specialization needs; offered only where
+  Triton's ``tl.range`` takes the argument) and ``SUBTILE`` (``EPILOGUE_SUBTILE``:
+  the epilogue on two ``BLOCK_M x BLOCK_N / 2`` halves, tutorial 09).  A module's
+  kernels take only the options its candidates use.
 
 A pointwise *prologue* on an operand (``f16(A) @ B``, ``relu(A) @ B``) runs on each
 tile inside the K loop when it reads one tensor of the operand's shape (plus
@@ -33,18 +42,19 @@ operands always accumulate in f32.
 
 Tuning (see ``kgen/autotune.py``): the generated host function takes an optional
 ``config`` (``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages`` and
-optionally ``TMA``) and otherwise picks one with a heuristic printed in the module,
-so the module stays standalone.  kgen's ``Kernel`` times the candidates
-(``<kernel>_configs`` in the module: the schedule's product, or ``CANDIDATES_16`` /
-``TMA_CANDIDATES_16`` / ``CANDIDATES_32`` below, pruned per problem) on the first
-call per problem key and keeps the winner on disk.
+optionally ``SPLIT_K``, ``TMA``, ``WS``, ``SUBTILE``) and otherwise picks one with a
+heuristic printed in the module, so the module stays standalone.  kgen's ``Kernel``
+times the candidates (``<kernel>_configs`` in the module: the schedule's product, or
+the ``*_CANDIDATES_*`` lists below, pruned per problem by ``prune``) on the first call
+per problem key and keeps the winner on disk.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -55,13 +65,17 @@ from ..lower import CALL, Line, Printer, helpers_for, statement_lines
 from .host import Host, host
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-SCHEDULE_KEYS = CONFIG_KEYS + ("TMA", "input_precision")
+# Flags a config may add (absent: off): SPLIT_K (the tiled kernel splits K), TMA (the
+# persistent kernel), WS and SUBTILE (its warp specialization and halved epilogue).
+FLAG_KEYS = ("SPLIT_K", "TMA", "WS", "SUBTILE")
+SCHEDULE_KEYS = CONFIG_KEYS + FLAG_KEYS + ("input_precision",)
 PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 # Autotuning candidates, (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
 # 16-bit operands: tutorial 03's CUDA list plus the larger tiles that Hopper's 227 KB
-# of shared memory holds (128 x 256 x 64 at 4 stages: 192 KB), and skinny tiles for
-# small M (LLM decode).  To be re-measured on the H100.
+# of shared memory holds (128 x 256 x 64 at 4 stages: 192 KB), and for small and mid M
+# (LLM decode and prefill) narrow tiles that still give 132 SMs work.  ``prune`` keeps
+# the tiles that fit the problem and fill the GPU: about 20 per problem.
 CANDIDATES_16 = (
     (128, 256, 64, 8, 8, 3),
     (128, 256, 64, 8, 8, 4),
@@ -71,12 +85,28 @@ CANDIDATES_16 = (
     (64, 256, 32, 8, 4, 4),
     (128, 128, 32, 8, 4, 4),
     (128, 64, 32, 8, 4, 4),
+    (128, 64, 64, 8, 4, 4),
     (64, 128, 64, 8, 4, 4),
+    (64, 128, 64, 8, 4, 5),
     (64, 64, 64, 8, 4, 4),
+    (64, 64, 128, 8, 4, 4),
     (32, 64, 128, 8, 4, 4),
+    (32, 128, 64, 8, 4, 5),
     (16, 64, 128, 8, 4, 4),
+    (16, 64, 256, 8, 4, 3),
     (16, 32, 128, 8, 4, 4),
     (16, 128, 128, 8, 4, 3),
+)
+# Split-K (the tiled kernel, last column SPLIT_K): where the output has fewer tiles than the
+# GPU has SMs (M = 16 or 128 against N = 4096), SPLIT_K programs per tile each sum a
+# slice of K into an f32 workspace and a second kernel adds the slices and runs the epilogue.
+SPLIT_K_CANDIDATES_16 = (
+    (128, 128, 64, 8, 8, 4, 4),
+    (128, 64, 64, 8, 4, 4, 2),
+    (64, 128, 64, 8, 4, 4, 2),
+    (64, 64, 128, 8, 4, 4, 2),
+    (16, 64, 128, 8, 4, 4, 4),
+    (16, 128, 128, 8, 4, 3, 4),
 )
 # The Hopper variant (``"TMA": True``; 16-bit 2-D operands without a prologue): NUM_SMS
 # persistent programs walk the tiles, TMA loads the operands.  Elsewhere (no TMA on the
@@ -88,6 +118,16 @@ TMA_CANDIDATES_16 = (
     (128, 128, 64, 8, 4, 4),
     (128, 128, 128, 8, 8, 3),
 )
+# The same, warp-specialized (``"WS": True``: producer warps issue the TMA loads while the
+# others run the dots and the epilogue; Triton 3.5 and later do it on Hopper), last
+# column SUBTILE: the epilogue on two BLOCK_M x BLOCK_N / 2 halves (Triton tutorial 09).
+# Offered only where Triton's tl.range takes warp_specialize.
+WS_CANDIDATES_16 = (
+    (64, 128, 64, 8, 4, 3, False),
+    (64, 128, 64, 8, 4, 4, False),
+    (64, 128, 128, 8, 4, 3, False),
+    (64, 128, 64, 8, 4, 4, True),
+)
 # f32 operands (TF32 or IEEE): 4-byte elements, half the K per stage.
 CANDIDATES_32 = (
     (128, 128, 32, 8, 8, 3),
@@ -96,6 +136,10 @@ CANDIDATES_32 = (
     (64, 64, 32, 8, 4, 4),
     (32, 64, 64, 8, 4, 4),
     (16, 64, 64, 8, 4, 4),
+)
+SPLIT_K_CANDIDATES_32 = (
+    (64, 64, 32, 8, 4, 4, 4),
+    (16, 64, 64, 8, 4, 4, 4),
 )
 # The config without tuning: the first row whose limit holds, (max M, max M * N, config)
 # (one limit per row; a row with neither is the last).  Small M (decode) gets skinny
@@ -127,7 +171,8 @@ SCHEDULE_DEFAULTS = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8
 KERNEL_LOCALS = frozenset({
     "M", "N", "K", "k", "pid_b", "num_pid_m", "num_pid_n", "num_pid_in_group", "group_id", "first_pid_m",
     "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K",
-    "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms"})
+    "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms", "pid_k", "SPLIT_K",
+    "split_k", "partials", "int64", "persistent", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "acc_lo", "acc_hi", "half"})
 
 
 @dataclass(frozen=True)
@@ -166,10 +211,15 @@ class GemmPlan:
     tensors: tuple[str, ...]      # every tensor the kernel touches (for the int64 test)
     configs: tuple[str, ...]      # candidate configs, printed as dict literals
     heuristic: tuple[tuple[str, str], ...]   # (condition or "", config) rows; the last has no condition
+    split_k: bool                 # the tiled kernel can split K (the module has the second kernel)
     tma: bool                     # the module has the Hopper variant (persistent, TMA loads)
-    tma_pointers: tuple[str, ...] # its arguments: descriptors, scalars, epilogue tensors, outputs
-    tma_strides: tuple[str, ...]
+    ws: bool                      # ... with WARP_SPECIALIZE
+    subtile: bool                 # ... with EPILOGUE_SUBTILE
+    tma_pointers: tuple[str, ...] # its arguments: descriptors, then the epilogue's
     tma_launch: tuple[str, ...]
+    epilogue_pointers: tuple[str, ...]  # what the epilogue reads and writes: scalars, tensors, outputs
+    epilogue_strides: tuple[str, ...]
+    epilogue_launch: tuple[str, ...]
     operands: tuple[str, str]     # the tensors A and B are read from
     interpreter: str              # the config on Triton's interpreter
     scheduled: bool               # the candidates come from the spec's schedule
@@ -223,32 +273,38 @@ def match(kir: KernelIR) -> GemmPlan | None:
         ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
     # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
     tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
-    epilogue_tensors = list(low.epilogue_tensors)
-    tma_tensors = epilogue_tensors + outputs
-    tma_pointers = (f"{a_name}_desc", f"{b_name}_desc") + tuple(scalars) + tuple(f"{t}_ptr" for t in tma_tensors)
-    tma_strides = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in tma_tensors
-                        if strides[t])
-    tma_launch = (", ".join([f"{a_name}_desc", f"{b_name}_desc"] + scalars + tma_tensors), ", ".join(sizes)) + \
-        tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tma_tensors if strides[t])
+    # The persistent kernel and split-K's second kernel take what the epilogue reads and writes.
+    epilogue_tensors = list(low.epilogue_tensors) + outputs
+    epilogue_pointers = tuple(scalars) + tuple(f"{t}_ptr" for t in epilogue_tensors)
+    epilogue_strides = tuple(", ".join(f"{t}_stride{ax}" for ax in sorted(strides[t])) for t in epilogue_tensors
+                             if strides[t])
+    epilogue_launch = (", ".join(scalars + epilogue_tensors), ", ".join(sizes[:2])) + \
+        tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in epilogue_tensors if strides[t])
+    descriptors = [f"{a_name}_desc", f"{b_name}_desc"]
+    tma_launch = (", ".join(descriptors + scalars + epilogue_tensors), ", ".join(sizes)) + epilogue_launch[2:]
     if tma:
-        _check_derived(kir, [f"{a_name}_desc", f"{b_name}_desc"])
-    candidates, rows, tunable = _schedule(kir, lhs.dtype, tma)
+        _check_derived(kir, descriptors)
+    candidates, rows, tunable, fixed = _schedule(kir, lhs.dtype, tma)
+    split_k = any(c.get("SPLIT_K", 1) > 1 for c in candidates)
     h = host(kir)
     summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
                f"{', '.join(outputs)}{_shape(out_shape)}")
     return GemmPlan(
         name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
-        pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs),
+        pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs)
+        + (("partials_ptr",) if split_k else ()),
         strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
         int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
         helpers=helpers_for(low.nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
-        launch=launch, tensors=tuple(tensors + outputs),
+        launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(_config_text(c) for c in candidates),
-        heuristic=tuple((_condition(m, mn), _config_text(_config(c))) for m, mn, c in rows),
-        tma=any(c.get("TMA") for c in candidates), tma_pointers=tma_pointers, tma_strides=tma_strides,
-        tma_launch=tma_launch,
+        heuristic=tuple((_condition(m, mn), _config_text(_config(c, **fixed))) for m, mn, c in rows),
+        split_k=split_k, tma=any(c.get("TMA") for c in candidates), ws=any(c.get("WS") for c in candidates),
+        subtile=any(c.get("SUBTILE") for c in candidates), tma_pointers=tuple(descriptors) + epilogue_pointers,
+        tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
+        epilogue_launch=epilogue_launch,
         operands=(a_name, b_name), interpreter=_config_text(_config(INTERPRETER_CONFIG)),
-        scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        scheduled=any(k in SCHEDULE_KEYS and k not in ("TMA", "input_precision") for k in kir.schedule),
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
 
 
@@ -491,13 +547,32 @@ def _precision(kir: KernelIR, dtype) -> str:
     return values[0] if dtype.bits == 32 else ""
 
 
-def _config(values, tma=False) -> dict:
+def _config(values, SPLIT_K=1, TMA=False, WS=False, SUBTILE=False) -> dict:
+    """A config as the host takes it: the six ``CONFIG_KEYS``, then the flags that are on."""
     config = dict(zip(CONFIG_KEYS, values))
-    return {**config, "TMA": True} if tma else config
+    if SPLIT_K > 1:
+        config["SPLIT_K"] = SPLIT_K
+    for key, on in (("TMA", TMA), ("WS", WS), ("SUBTILE", SUBTILE)):
+        if on:
+            config[key] = True
+    return config
+
+
+@cache
+def has_warp_specialize() -> bool:
+    """Whether the installed Triton's ``tl.range`` takes ``warp_specialize`` (on Hopper:
+    Triton 3.5 and later).  Without it, no candidate asks for WS and the persistent kernel
+    does not mention it."""
+    import triton.language as tl
+    try:
+        return "warp_specialize" in inspect.signature(tl.range).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _schedule(kir: KernelIR, dtype, tma: bool):
-    """(candidates, heuristic rows, tunable): the spec's schedule, or kgen's defaults."""
+    """(candidates, heuristic rows, tunable, fixed flags): the spec's schedule, or kgen's
+    defaults.  The heuristic's configs take the flags that the schedule fixes to one value."""
     unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
     if unknown:
         raise SpecError(f"GEMM kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{unknown[0]}'",
@@ -505,16 +580,35 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
     wide = dtype.bits == 32
     rows = HEURISTIC_32 if wide else HEURISTIC_16
     given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
-    variants = kir.schedule.get("TMA", (0, 1) if tma and not given else (0,))
-    if any(v not in (0, 1) for v in variants):
-        raise SpecError(f"TMA takes 0 or 1, got {', '.join(map(str, variants))}", kir.span)
+    flags = {k: v for k, v in kir.schedule.items() if k in FLAG_KEYS}
+    defaults = not given and set(flags) <= {"TMA"}
+    variants = flags.get("TMA", (0, 1) if tma and defaults else (0,))
+    splits, ws, subtiles = flags.get("SPLIT_K", (1,)), flags.get("WS", (0,)), flags.get("SUBTILE", (0,))
+    for key, values in (("TMA", variants), ("WS", ws), ("SUBTILE", subtiles)):
+        if any(v not in (0, 1) for v in values):
+            raise SpecError(f"{key} takes 0 or 1, got {', '.join(map(str, values))}", kir.span)
     if 1 in variants and not tma:
         raise SpecError("TMA = 1 needs 2-D 16-bit operands read as they are (no batch, no prologue)", kir.span)
-    if not given:
-        candidates = [_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)] if 0 in variants else []
-        candidates += [_config(c, tma=True) for c in TMA_CANDIDATES_16] if 1 in variants else []
-        return tuple(candidates), rows, True
-    for key, values in given.items():
+    if (1 in ws or 1 in subtiles) and 1 not in variants:
+        raise SpecError("WS and SUBTILE are options of the persistent kernel: they need TMA = 1", kir.span)
+    if 1 in ws and not has_warp_specialize():
+        raise SpecError("WS = 1 needs a Triton whose tl.range takes warp_specialize (3.5 or later)", kir.span)
+    if any(v != 1 for v in splits) and 0 not in variants:
+        raise SpecError("SPLIT_K is an option of the tiled kernel: it needs TMA = 0", kir.span)
+    fixed = {key: bool(values[0]) if key != "SPLIT_K" else values[0] for key, values in
+             (("SPLIT_K", splits), ("TMA", variants), ("WS", ws), ("SUBTILE", subtiles)) if len(values) == 1}
+    if defaults:
+        candidates = []
+        if 0 in variants:
+            candidates += [_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)]
+            candidates += [_config(c[:6], SPLIT_K=c[6]) for c in (SPLIT_K_CANDIDATES_32 if wide
+                                                                   else SPLIT_K_CANDIDATES_16)]
+        if 1 in variants:
+            candidates += [_config(c, TMA=True) for c in TMA_CANDIDATES_16]
+            if has_warp_specialize():
+                candidates += [_config(c[:6], TMA=True, WS=True, SUBTILE=c[6]) for c in WS_CANDIDATES_16]
+        return tuple(candidates), rows, True, fixed
+    for key, values in {**given, "SPLIT_K": splits}.items():
         for v in values:
             if not isinstance(v, int) or v <= 0:
                 raise SpecError(f"{key} takes positive integers, got {v}", kir.span)
@@ -524,7 +618,11 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
             if key in ("GROUP_M", "num_warps") and v & (v - 1):
                 raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
-    candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
+    candidates = []
+    for variant in variants:
+        for c in itertools.product(*lists):
+            candidates += ([_config(c, SPLIT_K=s) for s in splits] if not variant else
+                           [_config(c, TMA=True, WS=w, SUBTILE=u) for w in ws for u in subtiles])
     constrained = []
     for m, mn, config in rows:
         config = tuple(_closest(v, lists[i]) for i, v in enumerate(config))
@@ -536,7 +634,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
             constrained[-1] = (m, mn, config)
         else:
             constrained.append((m, mn, config))
-    return candidates, tuple(constrained), len(candidates) > 1
+    return tuple(candidates), tuple(constrained), len(candidates) > 1, fixed
 
 
 def _closest(value: int, allowed) -> int:
@@ -553,19 +651,40 @@ def _condition(max_m, max_mn) -> str:
     return " or ".join(parts)
 
 
+# SMs when the operands are not on a GPU (the tests' CPU tensors): an H100's.
+DEFAULT_SMS = 132
+
+
 def prune(configs, bound: dict, lhs: str, rhs: str):
-    """The candidates worth timing for one problem: tiles no larger than the problem
-    (rounded up to a power of two, at least 16) on each axis, and TMA configs only
-    where the GPU has TMA and the operands are ones it can address."""
+    """The candidates worth timing for one problem:
+
+    - tiles no larger than the problem (rounded up to a power of two, at least 16) on each axis;
+    - TMA configs only where the GPU has TMA and the operands are ones it can address;
+    - split-K only where the output has fewer tiles than the GPU has SMs, and each slice
+      of K keeps at least 4 steps of BLOCK_K;
+    - of those, the ones whose programs keep a quarter of the SMs busy (or as many as any
+      candidate can), and tiles smaller than 64 x 128 only where they make at most 4
+      programs per SM (larger problems have larger tiles that fill the GPU).
+    """
     a, b = bound[lhs], bound[rhs]
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
     tma = all(_tma_addressable(t) for t in (a, b)) and \
         (not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else DEFAULT_SMS
+    tiles = lambda c: -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * batch  # noqa: E731
+    programs = lambda c: tiles(c) * c.get("SPLIT_K", 1)  # noqa: E731
     kept = [c for c in configs
             if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
-            and (tma or not c.get("TMA"))]
-    return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+            and (tma or not c.get("TMA"))
+            and (c.get("SPLIT_K", 1) == 1 or (tiles(c) < sms and k >= 4 * c["SPLIT_K"] * c["BLOCK_K"]))]
+    if kept:
+        enough = min(sms // 4, max(map(programs, kept)))
+        kept = [c for c in kept if programs(c) >= enough
+                and (programs(c) <= 4 * sms or c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 128)]
+    return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c.get("SPLIT_K", 1),
+                                                c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
 
 
 def _tma_addressable(t) -> bool:

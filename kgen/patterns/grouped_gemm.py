@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -73,7 +74,7 @@ from . import gemm
 from .host import Host, host, torch_dtype
 
 CONFIG_KEYS = gemm.CONFIG_KEYS + ("programs_per_sm",)
-SCHEDULE_KEYS = CONFIG_KEYS + ("input_precision",)
+SCHEDULE_KEYS = CONFIG_KEYS + ("TMA", "input_precision")
 
 # Autotuning candidates (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
 # programs_per_sm).  Big tiles for big problems, small tiles with several programs per
@@ -89,6 +90,15 @@ CANDIDATES_16 = (
     (64, 64, 64, 8, 4, 4, 2),
     (64, 64, 64, 8, 4, 3, 4),
     (32, 64, 64, 8, 4, 4, 4),
+)
+# The TMA variants ("TMA": True; 16-bit operands read as they are): the operands through
+# TMA descriptors, made on the device per problem (lists) or on the host (MoE layout).
+# The host falls back to the pointer kernels, same tiles, where TMA cannot read them.
+TMA_CANDIDATES_16 = (
+    (128, 256, 64, 8, 8, 3, 1),
+    (128, 128, 64, 8, 8, 4, 1),
+    (128, 128, 64, 8, 4, 4, 1),
+    (64, 128, 64, 8, 4, 4, 2),
 )
 CANDIDATES_32 = (
     (128, 128, 32, 8, 8, 3, 1),
@@ -162,14 +172,20 @@ class GroupedPlan:
     moe_why: str                  # why not, when it has none
     moe_host: Host | None
     moe_signature: str
+    moe_doc: str
     moe_offs: str                 # the host line that checks offs
     moe_pointers: tuple[str, ...]
     moe_strides: tuple[str, ...]
-    moe_casts: tuple[str, ...]    # under INT64: the stride arguments as int64
-    moe_bases: tuple[str, ...]    # per problem: "A_ptr = A_base + row_start * A_stride0"
+    moe_bases: tuple[str, ...]    # per problem: "A_ptr = A_base + row_start.to(tl.int64) * A_stride0"
     moe_launch: tuple[str, ...]
     moe_sizes: tuple[str, str, str, str]   # host expressions: G, T, N, K
     moe_tensors: str
+    # the TMA variants (16-bit operands read as they are)
+    tma: bool
+    moe_tma_pointers: tuple[str, ...]
+    moe_tma_strides: tuple[str, ...]
+    moe_tma_bases: tuple[str, ...]
+    moe_tma_launch: tuple[str, ...]
     # tuning
     configs: tuple[str, ...]
     heuristic: tuple[tuple[str, str], ...]
@@ -238,7 +254,12 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     allocate = f"{', '.join(outputs)}{',' if len(outputs) == 1 else ''} = _group_outputs(out, device, G, {outs})"
     docstring = _list_doc(kir, low)
 
-    candidates, rows, tunable = _schedule(kir, operand_dtype)
+    # The TMA variants: operands read as they are (no prologue), two tensors, 16-bit.
+    tma = (lhs is kir.nodes[low.a_name] and rhs is kir.nodes[low.b_name] and not low.same
+           and operand_dtype.bits == 16)
+    if tma:
+        gemm._check_derived(kir, [f"{low.a_name}_desc", f"{low.b_name}_desc"])
+    candidates, rows, tunable = _schedule(kir, operand_dtype, tma)
     a_name, b_name = low.a_name, low.b_name
     moe = _moe(kir, low, params, shapes, dtypes)
     summary = (f"{a_name}{gemm._shape(lhs.shape)} @ {b_name}{gemm._shape(rhs.shape)} -> "
@@ -249,10 +270,12 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         stores=low.stores, helpers=helpers_for(low.nodes) + ("group_host",), operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
-        vector=vector, scalars=low.scalars, units=units, width=len(columns), columns=tuple(columns),
-        table=tuple(table), **moe,
+        vector=vector, scalars=low.scalars, units=units, width=len(columns),
+        columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
+        table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),
         configs=tuple(gemm._config_text(c) for c in candidates),
-        heuristic=tuple(("" if limit is None else f"work <= {limit}", gemm._config_text(c)) for limit, c in rows),
+        heuristic=tuple(("" if limit is None else f"work <= {limit}", gemm._config_text(_config(c)))
+                        for limit, c in rows),
         interpreter=gemm._config_text(_config(INTERPRETER_CONFIG)),
         scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
@@ -271,7 +294,8 @@ def _list_host(kir: KernelIR, low: gemm.Lowered, params: dict) -> tuple[tuple[st
     lines = [f"G = _group_len({named})"]
     for p in tensors:
         declared = type_str(p.dtype, p.shape)
-        lines.append(f'_group_check("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, "{declared}")')
+        lines.append(f'{p.name}_shapes = _group_check("{p.name}", {p.name}, {torch_dtype(p.dtype)}, {len(p.shape)}, '
+                     f'"{declared}")')
     bound: dict[str, str] = {}
     for p in kir.params:
         if p.is_scalar:
@@ -279,7 +303,6 @@ def _list_host(kir: KernelIR, low: gemm.Lowered, params: dict) -> tuple[tuple[st
             lines.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {kind})')
     lines.append(f"device = _group_device({named})")
     for p in tensors:
-        lines.append(f"{p.name}_shapes = [t.shape for t in {p.name}]")
         for axis, d in enumerate(p.shape):
             if isinstance(d, int):
                 lines.append(f'_group_dims("{p.name}", {p.name}_shapes, {axis}, {d}, None, None)')
@@ -310,8 +333,9 @@ def _fresh(taken: set, *candidates: str) -> str:
 
 
 def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: dict) -> dict:
-    none = dict(moe=False, moe_host=None, moe_signature="", moe_offs="", moe_pointers=(), moe_strides=(),
-                moe_casts=(), moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="")
+    none = dict(moe=False, moe_host=None, moe_signature="", moe_doc="", moe_offs="", moe_pointers=(), moe_strides=(),
+                moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="", moe_tma_pointers=(),
+                moe_tma_strides=(), moe_tma_bases=(), moe_tma_launch=())
     m = low.mm.shape[0]
     if not isinstance(m, str):
         return {**none, "moe_why": f"its M is a literal ({m}), so the problems cannot differ in rows"}
@@ -342,37 +366,45 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     signature = h.signature.replace("*, out=None", "*, offs, out=None") + ", config=None"
     first = next(t for t in low.tensors if not ragged[t])
     offs = f'offs = _group_offs(offs, {G}, device, "{first}")'
-    pointers, strides, casts, bases, launch_strides = [], [], [], [], []
+    pointers, strides, bases, launch_strides = {}, {}, {}, {}
     for t in list(low.tensors) + list(low.outputs):
         axes = sorted(low.strides[t] | ({0} if ragged[t] else set()))
-        pointers.append(f"{t}_base")
+        pointers[t] = f"{t}_base"
         names = ([] if ragged[t] else [f"{t}_stride"]) + [f"{t}_stride{ax}" for ax in axes]
-        strides.append(", ".join(names))
-        casts += [f"{n} = tl.cast({n}, tl.int64)" for n in names]
+        strides[t] = ", ".join(names)
         shift = 0 if ragged[t] else 1
-        launch_strides.append(", ".join(([] if ragged[t] else [f"{t}.stride(0)"])
-                                        + [f"{t}.stride({ax + shift})" for ax in axes]))
-        bases.append(f"{t}_ptr = {t}_base + row_start * {t}_stride0" if ragged[t]
-                     else f"{t}_ptr = {t}_base + g * {t}_stride")
+        launch_strides[t] = ", ".join(([] if ragged[t] else [f"{t}.stride(0)"])
+                                      + [f"{t}.stride({ax + shift})" for ax in axes])
+        bases[t] = (f"{t}_ptr = {t}_base + row_start.to(tl.int64) * {t}_stride0" if ragged[t]
+                    else f"{t}_ptr = {t}_base + g.to(tl.int64) * {t}_stride")
     mm = low.mm
     n, k = mm.shape[1], mm.inputs[0].shape[1]
     sizes = (G, T, str(n), str(k))
     names = list(low.tensors) + list(low.outputs)
-    launch = (", ".join(list(low.tensors) + list(low.outputs) + ["offs"] + list(low.scalars)),
-              ", ".join(sizes)) + tuple(s for s in launch_strides)
-    gemm._check_derived(kir, [f"{t}_base" for t in names])
-    return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_offs=offs,
-                moe_pointers=tuple(pointers), moe_strides=tuple(strides), moe_casts=tuple(casts),
-                moe_bases=tuple(bases), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names))
+    launch = (", ".join(names + ["offs"] + list(low.scalars)), ", ".join(sizes)) + tuple(launch_strides.values())
+    # The TMA kernel reads the operands through descriptors, the rest as the pointer kernel does.
+    direct = list(low.epilogue_tensors) + list(low.outputs)
+    descriptors = [f"{low.a_name}_desc", f"{low.b_name}_desc"]
+    tma_launch = (", ".join(descriptors + direct + ["offs"] + list(low.scalars)), ", ".join(sizes)) + \
+        tuple(launch_strides[t] for t in direct)
+    gemm._check_derived(kir, [f"{t}_base" for t in names] + descriptors)
+    doc = h.docstring.replace(" -> ", f", offs: int32[{G}] -> ", 1)
+    return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
+                moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
+                moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
+                moe_tma_pointers=tuple(descriptors + [pointers[t] for t in direct]),
+                moe_tma_strides=tuple(strides[t] for t in direct), moe_tma_bases=tuple(bases[t] for t in direct),
+                moe_tma_launch=tma_launch)
 
 
 # --- schedule and tuning --------------------------------------------------------------
 
-def _config(values) -> dict:
-    return dict(zip(CONFIG_KEYS, values))
+def _config(values, tma=False) -> dict:
+    config = dict(zip(CONFIG_KEYS, values))
+    return {**config, "TMA": True} if tma else config
 
 
-def _schedule(kir: KernelIR, dtype):
+def _schedule(kir: KernelIR, dtype, tma: bool):
     """(candidates, heuristic rows, tunable): the spec's schedule, or kgen's defaults."""
     unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
     if unknown:
@@ -381,8 +413,15 @@ def _schedule(kir: KernelIR, dtype):
     wide = dtype.bits == 32
     rows = HEURISTIC_32 if wide else HEURISTIC_16
     given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
+    variants = kir.schedule.get("TMA", (0, 1) if tma and not given else (0,))
+    if any(v not in (0, 1) for v in variants):
+        raise SpecError(f"TMA takes 0 or 1, got {', '.join(map(str, variants))}", kir.span)
+    if 1 in variants and not tma:
+        raise SpecError("TMA = 1 needs 16-bit operands read as they are (no prologue)", kir.span)
     if not given:
-        return tuple(_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)), rows, True
+        candidates = [_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)] if 0 in variants else []
+        candidates += [_config(c, tma=True) for c in TMA_CANDIDATES_16] if 1 in variants else []
+        return tuple(candidates), rows, True
     for key, values in given.items():
         for v in values:
             if not isinstance(v, int) or v <= 0:
@@ -393,7 +432,7 @@ def _schedule(kir: KernelIR, dtype):
             if key in ("GROUP_M", "num_warps") and v & (v - 1):
                 raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
-    candidates = tuple(_config(c) for c in itertools.product(*lists))
+    candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
     constrained = []
     for limit, config in rows:
         config = tuple(gemm._closest(v, lists[i]) for i, v in enumerate(config))
@@ -455,21 +494,25 @@ def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
             f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
 
 
-def _fit(configs, m: int, n: int, k: int):
+def _fit(configs, m: int, n: int, k: int, tensor):
+    """Tiles no larger than the problem (rounded up to a power of two, at least 16) on each
+    axis; TMA configs only on a GPU with TMA (elsewhere they would time the fallback twice)."""
     cap = lambda size: max(16, _p2(size))  # noqa: E731
-    kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)]
-    return kept or [min(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+    tma = not tensor.is_cuda or torch.cuda.get_device_capability(tensor.device)[0] >= 9
+    kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
+            and (tma or not c.get("TMA"))]
+    return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
 
 
 def prune(configs, bound: dict, lhs: str, rhs: str):
     """The candidates worth timing: tiles no larger than the largest problem on each axis."""
     a, b = bound[lhs], bound[rhs]
-    return _fit(configs, max(t.shape[0] for t in a), max(t.shape[1] for t in b), max(t.shape[1] for t in a))
+    return _fit(configs, max(t.shape[0] for t in a), max(t.shape[1] for t in b), max(t.shape[1] for t in a), a[0])
 
 
 def prune_moe(configs, bound: dict, lhs: str, rhs: str):
     a, b = bound[lhs], bound[rhs]
-    return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1])
+    return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1], a)
 
 
 def _check_names(kir: KernelIR, low: gemm.Lowered) -> None:

@@ -30,7 +30,9 @@ def shape_expr(shape: Shape) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
-def host(kir: KernelIR) -> Host:
+def host(kir: KernelIR, inplace: bool = False) -> Host:
+    """``inplace``: an ``out=`` tensor may be one of the inputs, exactly (elementwise
+    kernels read each element before writing it); any other overlap is refused."""
     sig = []
     for p in kir.params:
         sig.append(p.name if p.default is None else f"{p.name}={literal(p.default)}")
@@ -66,7 +68,9 @@ def host(kir: KernelIR) -> Host:
     outs = tuple(o.name for o in kir.outputs)
     specs = ", ".join(f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, '
                       f'{torch_dtype(o.node.dtype)})' for o in kir.outputs)
-    allocate = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs(out, device, {specs})"
+    inputs = "".join(f'("{p.name}", {p.name}), ' for p in tensors)
+    allocate = (f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs(out, device, ({inputs.rstrip(', ')}"
+                f"{',' if len(tensors) == 1 else ''}), {specs}{', inplace=True' if inplace else ''})")
     returns = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
     doc = (f"{', '.join(_param_str(p) for p in kir.params)} -> "
            f"{', '.join(f'{o.name}: {type_str(o.node.dtype, o.node.shape)}' for o in kir.outputs)}")

@@ -1,0 +1,683 @@
+"""The grouped GEMM pattern: lists of GEMMs of different sizes in one persistent launch,
+and the MoE layout (``kernel.moe(A, B, offs=offs)``), against the float64 reference per
+problem and against torch loops.
+
+Without a GPU the kernels run on Triton's interpreter with 32 x 32 x 32 tiles and 4
+persistent programs, so the sizes drawn here (1, primes, 31 / 32 / 33, 64 / 65) cross
+tile boundaries and every program walks tiles of several problems.  Tolerances scale
+with K through |A| @ |B|, as in test_gemm.py.
+"""
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from functools import lru_cache
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kgen
+from kgen import autotune
+from kgen.patterns import grouped_gemm
+from kgen.reference import evaluate
+
+from conftest import DEVICE, HAS_CUDA
+
+SETTINGS = settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
+RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+ACC_EPS = {"ieee": 2.0 ** -22, "tf32": 2.0 ** -9}
+PRECISION = "tf32" if HAS_CUDA else "ieee"     # f32 operands use TF32 on a GPU
+
+
+@lru_cache(maxsize=None)
+def compiled(text: str):
+    return kgen.compile(text)
+
+
+def randn(*shape, dtype=torch.float32, layout="rows"):
+    """A tensor of ``shape``: row-major, column-major ("cols", strides only) or a slice of a
+    wider tensor ("sliced": rows 2 elements apart from a multiple of 16 bytes)."""
+    if layout == "cols":
+        return torch.randn(shape[1], shape[0]).to(device=DEVICE, dtype=dtype).t()
+    if layout == "sliced":
+        return torch.randn(shape[0], shape[1] + 3).to(device=DEVICE, dtype=dtype)[:, 3:]
+    return torch.randn(*shape).to(device=DEVICE, dtype=dtype)
+
+
+def bound(a, b):
+    return a.double().abs() @ b.double().abs()
+
+
+def assert_close(got, want, err_bound, factor=1.0, precision="ieee"):
+    assert got.shape == want.shape, (got.shape, want.shape)
+    want = want.double()
+    diff = (got.double() - want).abs()
+    tol = RTOL[got.dtype] * want.abs() + ACC_EPS[precision] * err_bound * factor + 1e-6
+    bad = diff > tol
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} elements off; worst {diff.max().item():.3g} "
+                           f"at {bad.nonzero()[0].tolist()}")
+
+
+def assert_group_close(got, want, a, b, factor=1.0, precision="ieee"):
+    assert isinstance(got, list) and len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        try:
+            assert_close(g, w, bound(a[i], b[i]), factor, precision)
+        except AssertionError as e:
+            raise AssertionError(f"problem {i} of {len(got)}: {e}") from None
+
+
+class Launches:
+    def __init__(self, kernel):
+        self.kernel, self.count, self.grids = kernel, 0, []
+
+    def __getitem__(self, grid):
+        self.count += 1
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@contextmanager
+def watching(module, name):
+    """Count the launches of the module's kernel ``name`` inside the block."""
+    saved = getattr(module, name)
+    launches = Launches(saved)
+    setattr(module, name, launches)
+    try:
+        yield launches
+    finally:
+        setattr(module, name, saved)
+
+
+# --- the headline calls ------------------------------------------------------------------------
+
+def test_leaky_relu_of_matmul_over_lists_returns_a_list():
+    k = compiled("C = leaky_relu(A @ B)")
+    shapes = [(65, 47, 33), (1, 1, 1), (31, 70, 5)]
+    a = [randn(m, kk, dtype=torch.float16) for m, n, kk in shapes]
+    b = [randn(kk, n, dtype=torch.float16) for m, n, kk in shapes]
+    c = k(a, b)
+    assert k.pattern == "grouped_gemm" and isinstance(c, list) and len(c) == 3
+    for ai, bi, ci in zip(a, b, c):
+        assert ci.dtype == torch.float16 and ci.shape == (ai.shape[0], bi.shape[1])
+    assert_group_close(c, [F.leaky_relu(x.float() @ y.float(), 0.01) for x, y in zip(a, b)], a, b)
+
+
+def test_one_launch_for_the_group():
+    k = compiled("C = A @ B")
+    a = [randn(m, 40) for m in (3, 70, 0, 33)]
+    b = [randn(40, n) for n in (9, 64, 5, 1)]
+    k(a, b)
+    module = k._last.module
+    with watching(module, "c_kernel") as launches:
+        c = k(a, b)
+    assert launches.count == 1 and launches.grids[0][0] <= 4      # the interpreter's persistent programs
+    assert_group_close(c, [x.double() @ y.double() for x, y in zip(a, b)], a, b)
+
+
+def test_spec_grouped_gemm_is_tutorial_08():
+    k = kgen.compile("specs/grouped_gemm.k")
+    sizes = [(97, 64, 128), (33, 65, 31), (128, 32, 64), (0, 64, 64)]
+    a = [randn(m, kk, dtype=torch.float16) for m, n, kk in sizes]
+    b = [randn(kk, n, dtype=torch.float16) for m, n, kk in sizes]
+    c = k(a, b)
+    assert [tuple(t.shape) for t in c] == [(m, n) for m, n, _ in sizes]
+    assert_group_close(c, [x.float() @ y.float() for x, y in zip(a, b)], a, b)
+
+
+def test_spec_grouped_linear_gelu_with_bias_list():
+    k = kgen.compile("specs/grouped_linear_gelu.k")
+    sizes = [(17, 45, 64), (40, 8, 33), (1, 100, 7)]
+    x = [randn(m, kk, dtype=torch.float16) for m, n, kk in sizes]
+    w = [randn(kk, n, dtype=torch.float16, layout="cols") for m, n, kk in sizes]     # W stored as [N, K]
+    bias = [randn(n, dtype=torch.float16) for m, n, kk in sizes]
+    y = k(x, w, bias)
+    want = [F.gelu(F.linear(xi.double(), wi.double().t(), bi.double())) for xi, wi, bi in zip(x, w, bias)]
+    assert_group_close(y, want, x, w, factor=1.2)
+
+
+# --- properties: group counts, sizes, layouts, dtypes, epilogues -------------------------------------
+
+EPILOGUES = {
+    # spec: extra list inputs (name -> per-problem shape from (M, N)), max |d epilogue / d acc|
+    "C = A @ B": ({}, 1.0),
+    "C = leaky_relu(A @ B)": ({}, 1.0),
+    "C = gelu(A @ B + b)": ({"b": lambda m, n: (n,)}, 1.2),
+    "C = (A @ B) * s + R": ({"s": lambda m, n: (m, 1), "R": lambda m, n: (m, n)}, 4.0),
+    "C = silu(A @ B)": ({}, 1.2),
+    "C = clamp(A @ B, -2.0, 3.0)": ({}, 1.0),
+}
+SIZES = [1, 2, 3, 7, 13, 31, 32, 33, 47, 64, 65]
+SMALL = [1, 2, 5, 16, 17, 33]
+
+
+@st.composite
+def groups(draw):
+    """G problems of sizes that cross the interpreter's 32-wide tiles; smaller when G is large;
+    some problems empty (M = 0)."""
+    g = draw(st.integers(1, 16))
+    sizes = st.sampled_from(SIZES if g <= 4 else SMALL)
+    problems = [(draw(st.sampled_from([0]) | sizes) if draw(st.integers(0, 5)) == 0 else draw(sizes),
+                 draw(sizes), draw(sizes)) for _ in range(g)]
+    layout = draw(st.sampled_from(["rows", "b cols", "a cols", "mixed", "sliced"]))
+    return problems, layout, draw(st.sampled_from(sorted(EPILOGUES))), draw(st.sampled_from(["f16", "f32"]))
+
+
+def make_group(problems, layout, dtype, rng):
+    a, b = [], []
+    for m, n, k in problems:
+        a_layout = ("cols" if layout == "a cols" or (layout == "mixed" and rng.random() < 0.5) else
+                    "sliced" if layout == "sliced" else "rows")
+        b_layout = ("cols" if layout == "b cols" or (layout == "mixed" and rng.random() < 0.5) else
+                    "sliced" if layout == "sliced" else "rows")
+        a.append(randn(m, k, dtype=dtype, layout=a_layout))
+        b.append(randn(k, n, dtype=dtype, layout=b_layout))
+    return a, b
+
+
+@SETTINGS
+@given(groups())
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_grouped_gemm_matches_reference(case):
+    problems, layout, spec, dtype_name = case
+    dtype = DTYPES[dtype_name]
+    rng = random.Random(len(problems))
+    a, b = make_group(problems, layout, dtype, rng)
+    extras, factor = EPILOGUES[spec]
+    args = {"A": a, "B": b}
+    for name, shape in extras.items():
+        args[name] = [randn(*shape(m, n), dtype=dtype) for m, n, _ in problems]
+    k = compiled(spec)
+    got = k(*[args[n] for n in k.inputs])
+    assert k.pattern == "grouped_gemm"
+    (want,) = evaluate(k.ir, args)
+    assert_group_close(got, want, a, b, factor, PRECISION)
+    if spec == "C = A @ B":      # and against a torch loop
+        assert_group_close(got, [x.double() @ y.double() for x, y in zip(a, b)], a, b, 1.0, PRECISION)
+
+
+@pytest.mark.parametrize("sizes", [[(5, 0, 7), (0, 3, 4)], [(4, 6, 0), (9, 33, 0)], [(0, 5, 5)],
+                                   [(3, 4, 5), (0, 0, 0), (2, 0, 1)]])
+def test_empty_problems_and_k_zero(sizes):
+    k = compiled("C = relu(A @ B + 0.5)")
+    a = [randn(m, kk) for m, n, kk in sizes]
+    b = [randn(kk, n) for m, n, kk in sizes]
+    c = k(a, b)
+    assert_group_close(c, [torch.relu(x.double() @ y.double() + 0.5) for x, y in zip(a, b)], a, b)
+
+
+def test_scalar_argument_beside_lists():
+    k = compiled("C = leaky_relu(A @ B, alpha)")
+    a = [randn(33, 20), randn(7, 65)]
+    b = [randn(20, 40), randn(65, 3)]
+    for alpha in (0.2, 0.5):
+        c = k(a, b, alpha)
+        assert_group_close(c, [F.leaky_relu(x.double() @ y.double(), alpha) for x, y in zip(a, b)], a, b)
+
+
+def test_prologue_on_an_operand():
+    k = compiled("C = relu(A) @ B")
+    a, b = [randn(40, 33), randn(5, 70)], [randn(33, 9), randn(70, 64)]
+    c = k(a, b)
+    assert_group_close(c, [torch.relu(x.double()) @ y.double() for x, y in zip(a, b)], a, b)
+
+
+def test_out_lists_and_several_outputs():
+    k = compiled("P = A @ B\nC = relu(P)\nD = P * 2.0")
+    a, b = [randn(9, 40), randn(33, 2)], [randn(40, 17), randn(2, 65)]
+    out = ([torch.empty(9, 17, device=DEVICE), torch.empty(33, 65, device=DEVICE)],
+           [torch.empty(9, 17, device=DEVICE), torch.empty(33, 65, device=DEVICE)])
+    c, d = k(a, b, out=out)
+    assert all(x is y for x, y in zip(c + d, out[0] + out[1]))
+    assert_group_close(c, [torch.relu(x.double() @ y.double()) for x, y in zip(a, b)], a, b)
+    assert_group_close(d, [2 * (x.double() @ y.double()) for x, y in zip(a, b)], a, b)
+
+
+def test_outputs_of_one_width_share_an_allocation_and_others_are_aligned():
+    k = compiled("C = A @ B")
+    a = [randn(m, 8) for m in (3, 5, 7)]
+    same = k(a, [randn(8, 24) for _ in a])
+    assert same[1].data_ptr() == same[0].data_ptr() + 3 * 24 * 4        # rows after rows
+    mixed = k(a, [randn(8, n) for n in (3, 5, 7)])
+    assert all((t.data_ptr() - mixed[0].data_ptr()) % 128 == 0 and t.is_contiguous() for t in mixed)
+
+
+# --- the metadata table and the layout constexprs ------------------------------------------------------
+
+def table_of(k, a, b):
+    """(module, (table, tiles, layout), again): what the host computes for the interpreter's
+    config, and the same computed a second time for the same tensors."""
+    c = k(a, b)
+    module = k._last.module
+    sizes = [t.shape[0] for t in a], [t.shape[1] for t in b], [t.shape[1] for t in a]
+    config = module._c_config(*sizes, torch.device(DEVICE))
+    table = lambda: module._group_table(torch.device(DEVICE), *sizes, (("A", a), ("B", b), ("C", c)),  # noqa: E731
+                                        config, 8)
+    return module, table(), table()
+
+
+def test_table_rows_and_the_cache():
+    k = compiled("C = A @ B")
+    a = [randn(40, 64, dtype=torch.float16), randn(0, 64, dtype=torch.float16), randn(7, 16, dtype=torch.float16)]
+    b = [randn(64, 33, dtype=torch.float16), randn(64, 8, dtype=torch.float16), randn(16, 64, dtype=torch.float16)]
+    module, (table, tiles, layout), again = table_of(k, a, b)
+    rows = table.view(3, -1).tolist()
+    assert [r[0] for r in rows] == [4, 4, 6] and tiles == 6       # 2 x 2 tiles, none, 1 x 2 tiles
+    assert [r[1:4] for r in rows] == [[40, 33, 64], [0, 8, 64], [7, 64, 16]]
+    assert [r[4] for r in rows] == [t.data_ptr() for t in a] and [r[5] for r in rows] == [t.data_ptr() for t in b]
+    assert rows[0][7:11] == [64, 1, 33, 1]
+    assert again[0] is table          # the same tensors again: the same table, no second copy
+
+
+def test_layout_constexprs():
+    k = compiled("C = A @ B")
+    h = torch.float16
+    a, b = [randn(32, 64, dtype=h), randn(16, 128, dtype=h)], [randn(64, 48, dtype=h), randn(128, 8, dtype=h)]
+    _, (_, _, layout), _ = table_of(k, a, b)
+    assert layout == {"A_UNIT": 1, "B_UNIT": 1, "C_UNIT": 1, "EVEN_K": True, "ALIGNED": True, "INT64": False}
+    bt = [randn(64, 48, dtype=h, layout="cols"), randn(128, 8, dtype=h, layout="cols")]
+    _, (_, _, layout), _ = table_of(k, a, bt)
+    assert layout["B_UNIT"] == 0 and layout["ALIGNED"]
+    mixed = [bt[0], b[1]]
+    _, (_, _, layout), _ = table_of(k, a, mixed)
+    assert layout["B_UNIT"] == -1 and not layout["ALIGNED"]     # a stride of 1 is no multiple of 8
+    sliced = [randn(32, 64, dtype=h, layout="sliced"), a[1]]
+    _, (_, _, layout), _ = table_of(k, sliced, b)
+    assert layout["A_UNIT"] == 1 and not layout["ALIGNED"]
+    odd = [randn(32, 60, dtype=h), a[1]], [randn(60, 48, dtype=h), b[1]]
+    _, (_, _, layout), _ = table_of(k, *odd)
+    assert not layout["EVEN_K"] and not layout["ALIGNED"]                  # K = 60 is no multiple of 8 halfs
+
+
+def test_int64_offsets_path(monkeypatch):
+    k = compiled("C = gelu(A @ B + b)")
+    a, b, bias = [randn(33, 20), randn(5, 40)], [randn(20, 47), randn(40, 3)], [randn(47), randn(3)]
+    k(a, b, bias)
+    module = k._last.module
+    monkeypatch.setattr(module, "_I32_LIMIT", 64)
+    module._GROUP_TABLES.clear()
+    c = k(a, b, bias)
+    (_, _, layout), = module._GROUP_TABLES.values()
+    assert layout["INT64"]
+    assert_group_close(c, [F.gelu(x.double() @ y.double() + z.double()) for x, y, z in zip(a, b, bias)], a, b, 1.2)
+    offs = torch.tensor([10, 30], dtype=torch.int32, device=DEVICE)
+    a2, w2, b2 = randn(30, 20), torch.randn(2, 20, 47, device=DEVICE), randn(2, 47)
+    y = k.moe(a2, w2, b2, offs=offs)
+    want = torch.cat([F.gelu(a2[:10].double() @ w2[0].double() + b2[0].double()),
+                      F.gelu(a2[10:].double() @ w2[1].double() + b2[1].double())])
+    assert_close(y, want, torch.cat([bound(a2[:10], w2[0]), bound(a2[10:], w2[1])]), 1.2)
+
+
+def test_explicit_configs_agree():
+    k = compiled("C = silu(A @ B)")
+    a, b = [randn(70, 40), randn(3, 100)], [randn(40, 33), randn(100, 64)]
+    k(a, b)
+    host = getattr(k._last.module, k._last.name)
+    want = [F.silu(x.double() @ y.double()) for x, y in zip(a, b)]
+    for bm, bn, bk, group in [(16, 16, 16, 1), (32, 64, 16, 4), (64, 16, 32, 2)]:
+        config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": 4, "num_stages": 1,
+                  "programs_per_sm": 1}
+        assert_group_close(host(a, b, config=config), want, a, b, 1.2)
+
+
+# --- the TMA variants (Hopper; Triton's interpreter reads descriptors too) ---------------------------
+
+def tma_config(bm=32, bn=32, bk=16, group=2):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": 4, "num_stages": 1,
+            "programs_per_sm": 1, "TMA": True}
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 5, 33, 64]), st.sampled_from([8, 40, 64]),
+                          st.sampled_from([8, 24, 64])), min_size=1, max_size=5),
+       st.sampled_from(["rows", "b cols", "a cols"]), st.sampled_from([tma_config(), tma_config(16, 64, 32, 1)]))
+def test_tma_variant_of_the_list_kernel(problems, layout, config):
+    if layout == "a cols":      # A's rows are its contiguous axis: M a multiple of 8 halfs keeps it aligned
+        problems = [(-(-m // 8) * 8, n, k) for m, n, k in problems]
+    a, b = make_group(problems, layout, torch.float16, random.Random(0))
+    bias = [randn(n, dtype=torch.float16) for _, n, _ in problems]
+    k = compiled("C = gelu(A @ B + b)")
+    k(a, b, bias)
+    module = k._last.module
+    with watching(module, "c_tma_kernel") as tma:
+        got = getattr(module, "c")(a, b, bias, config=config)
+    assert tma.count == (1 if any(m for m, _, _ in problems) else 0)
+    want = [F.gelu(x.double() @ y.double() + z.double()) for x, y, z in zip(a, b, bias)]
+    assert_group_close(got, want, a, b, 1.2)
+
+
+def test_tma_falls_back_where_it_cannot_read():
+    """Unaligned rows, or operands without a contiguous axis: the pointer kernel, same tiles."""
+    k = compiled("C = A @ B")
+    h = torch.float16
+    a = [randn(33, 40, dtype=h, layout="sliced"), randn(8, 16, dtype=h)]
+    b = [randn(40, 24, dtype=h), randn(16, 8, dtype=h)]
+    k(a, b)
+    module = k._last.module
+    for a_, b_ in [(a, b), ([a[1]], [randn(16, 32, dtype=h)[:, ::2]])]:
+        with watching(module, "c_tma_kernel") as tma, watching(module, "c_kernel") as plain:
+            got = module.c(a_, b_, config=tma_config())
+        assert tma.count == 0 and plain.count == 1
+        assert_group_close(got, [x.double() @ y.double() for x, y in zip(a_, b_)], a_, b_)
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.lists(st.sampled_from([0, 1, 5, 33, 64]), min_size=1, max_size=6), st.sampled_from([8, 40, 64]),
+       st.sampled_from([8, 24, 64]), st.booleans(), st.booleans())
+def test_tma_variant_of_the_moe_kernel(rows, k, n, a_t, w_t):
+    offs = [sum(rows[:i + 1]) for i in range(len(rows))]
+    total = -(-(offs[-1] + 5) // 8) * 8         # aligned columns when A is column-major
+    a = randn(total, k, dtype=torch.float16, layout="cols" if a_t else "rows")
+    w = torch.randn(len(rows), k, n, device=DEVICE).half()
+    if w_t:
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)
+    bias = randn(len(rows), n, dtype=torch.float16)
+    kernel = compiled("C = gelu(A @ B + b)")
+    kernel.moe(a, w, bias, offs=offs)
+    module = kernel._last.module
+    out = torch.full((total, n), 3.0, device=DEVICE, dtype=torch.float16)
+    with watching(module, "c_moe_tma_kernel") as tma:
+        got = module.c_moe(a, w, bias, offs=offs, out=out, config=tma_config())
+    assert tma.count == 1
+    want = moe_reference(a, w, offs, lambda y, g: F.gelu(y + bias[g].double()))
+    assert_close(got[:offs[-1]], want, moe_bound(a, w, offs), 1.2)
+    assert (got[offs[-1]:] == 3.0).all()
+
+
+# --- the MoE layout ---------------------------------------------------------------------------------
+
+def moe_reference(a, w, offs, fn=lambda y, g: y):
+    rows, start = [], 0
+    for g, end in enumerate(offs):
+        rows.append(fn(a[start:end].double() @ w[g].double(), g))
+        start = end
+    return torch.cat(rows)
+
+
+def moe_bound(a, w, offs):
+    parts, start = [], 0
+    for g, end in enumerate(offs):
+        parts.append(bound(a[start:end], w[g]))
+        start = end
+    return torch.cat(parts)
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from([0, 0, 1, 5, 31, 33, 64]), min_size=1, max_size=8),
+       st.sampled_from([1, 16, 33, 64]), st.sampled_from([1, 8, 47]), st.sampled_from(["f16", "f32"]),
+       st.sampled_from(["rows", "w cols", "a cols"]), st.booleans())
+def test_moe_layout_matches_a_torch_loop(rows, k, n, dtype_name, layout, as_list):
+    dtype = DTYPES[dtype_name]
+    offs = [sum(rows[:i + 1]) for i in range(len(rows))]
+    total = offs[-1] + 3          # rows past offs[-1] are not the group's
+    a = randn(total, k, dtype=dtype, layout="cols" if layout == "a cols" else "rows")
+    w = torch.randn(len(rows), k, n).to(device=DEVICE, dtype=dtype)
+    if layout == "w cols":
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)
+    out = torch.full((total, n), 7.0, device=DEVICE, dtype=dtype)
+    k_ = compiled("C = leaky_relu(A @ B)")
+    got = k_.moe(a, w, offs=offs if as_list else torch.tensor(offs, dtype=torch.int32, device=DEVICE), out=out)
+    assert got is out
+    want = moe_reference(a, w, offs, lambda y, g: F.leaky_relu(y, 0.01))
+    assert_close(got[:offs[-1]], want, moe_bound(a, w, offs), 1.0, PRECISION)
+    assert (got[offs[-1]:] == 7.0).all()        # untouched
+
+
+def test_moe_form_of_the_linear_gelu_spec():
+    k = kgen.compile("specs/grouped_linear_gelu.k")
+    offs = torch.tensor([0, 40, 41, 100], dtype=torch.int64, device=DEVICE)
+    x = randn(100, 64, dtype=torch.float16)
+    w = torch.randn(4, 64, 48, device=DEVICE).half()
+    bias = randn(4, 48, dtype=torch.float16)                     # stacked: one [N] per problem
+    y = k.moe(x, w, bias, offs=offs)
+    want = moe_reference(x, w, offs.tolist(), lambda r, g: F.gelu(r + bias[g].double()))
+    assert y.shape == (100, 48)
+    assert_close(y, want, moe_bound(x, w, offs.tolist()), 1.2)
+
+
+def test_moe_ragged_epilogue_tensors():
+    """Per-row tensors (a row scale, a residual) are ragged like A: [T, 1], [T, N]."""
+    k = compiled("C = (A @ B) * s + R")
+    offs = [20, 20, 53]
+    a, w = randn(53, 16), torch.randn(3, 16, 40, device=DEVICE)
+    s, r = randn(53, 1), randn(53, 40)
+    c = k.moe(a, w, s, r, offs=offs)
+    want = moe_reference(a, w, offs) * s.double() + r.double()
+    assert_close(c, want, moe_bound(a, w, offs), 4.0)
+
+
+def test_moe_offsets_are_clamped_not_trusted():
+    """Ends past T or before the previous end are clamped: no write outside C."""
+    k = compiled("C = A @ B")
+    a, w = randn(10, 8), torch.randn(3, 8, 5, device=DEVICE)
+    out = torch.zeros(10, 5, device=DEVICE)
+    c = k.moe(a, w, offs=[6, 4, 50], out=out)
+    want = torch.cat([a[:6].double() @ w[0].double(), a[6:].double() @ w[2].double()])
+    assert_close(c, want, torch.cat([bound(a[:6], w[0]), bound(a[6:], w[2])]))
+
+
+@pytest.mark.gpu
+def test_gpu_moe_matches_torch_grouped_mm():
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("torch._grouped_mm is not in this torch")
+    rng = random.Random(0)
+    rows = [rng.choice([64, 128, 192, 256]) for _ in range(8)]
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    a = torch.randn(sum(rows), 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16)
+    try:
+        want = torch._grouped_mm(a, w, offs=offs)
+    except RuntimeError as e:
+        pytest.skip(f"torch._grouped_mm: {e}")
+    got = compiled("C = A @ B").moe(a, w, offs=offs)
+    assert_close(got, want.float(), moe_bound(a, w, offs.tolist()), 2.0)
+
+
+# --- bad input: KgenError before any launch ----------------------------------------------------------------
+
+def bad_call(text, *args, **kwargs):
+    k = compiled(text)
+    k([randn(3, 4)], [randn(4, 5)])              # a good call first: the module is loaded
+    module = k._last.module
+    with watching(module, f"{k._last.name}_kernel") as launches:
+        with pytest.raises(kgen.KgenError) as info:
+            k(*args, **kwargs)
+    assert launches.count == 0
+    return str(info.value)
+
+
+def test_lists_of_different_lengths():
+    msg = bad_call("C = A @ B", [randn(3, 4)] * 3, [randn(4, 5)] * 2)
+    assert "B" in msg and "expected a list of 3 tensors (as A), got 2" in msg
+
+
+def test_empty_list():
+    assert "empty list" in bad_call("C = A @ B", [], [])
+    k = kgen.compile("specs/grouped_gemm.k")
+    with pytest.raises(kgen.CallError, match="A: expected a list of tensors .* got an empty list"):
+        k([], [])
+
+
+def test_inner_dims_differ_names_the_problem():
+    a = [randn(3, 4), randn(5, 6), randn(7, 64)]
+    b = [randn(4, 5), randn(6, 5), randn(48, 5)]
+    assert "B[2]: expected K = 64 (from A[2]), got 48" in bad_call("C = A @ B", a, b)
+    k = kgen.compile("specs/grouped_linear_gelu.k")
+    x, w = [randn(3, 4, dtype=torch.float16)], [randn(4, 5, dtype=torch.float16)]
+    with pytest.raises(kgen.CallError, match=r"b\[0\]: expected N = 5 \(from W\[0\]\), got 6"):
+        k(x, w, [randn(6, dtype=torch.float16)])
+
+
+def test_mixed_dtypes_across_a_list():
+    msg = bad_call("C = A @ B", [randn(3, 4), randn(3, 4, dtype=torch.float16)], [randn(4, 5)] * 2)
+    assert "A[1]: expected f32[M, K], got a torch.float16 tensor" in msg
+
+
+def test_mixed_devices_across_a_list():
+    other = torch.empty(3, 4, device="meta")
+    msg = bad_call("C = A @ B", [randn(3, 4), other], [randn(4, 5)] * 2)
+    assert "A[1]: expected a tensor on" in msg and "meta" in msg
+
+
+def test_a_list_beside_a_plain_tensor():
+    with pytest.raises(kgen.UnsupportedError, match="'B' is one tensor in a grouped GEMM"):
+        compiled("C = A @ B")([randn(3, 4)], randn(4, 5))
+
+
+def test_moe_bad_offsets():
+    k = compiled("C = A @ B")
+    a, w = randn(10, 8), torch.randn(3, 8, 5, device=DEVICE)
+    with pytest.raises(kgen.CallError, match="offs: expected 3 row ends"):
+        k.moe(a, w, offs=[5, 10])
+    with pytest.raises(kgen.CallError, match="offs: expected a 1-D int32 tensor"):
+        k.moe(a, w, offs=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(kgen.CallError, match="B: expected f32\\[G, K, N\\] = \\[\\?, 8, \\?\\]"):
+        k.moe(a, torch.randn(3, 9, 5, device=DEVICE), offs=[1, 2, 3])
+    with pytest.raises(kgen.CallError, match="at least one problem"):
+        k.moe(a, torch.randn(0, 8, 5, device=DEVICE), offs=[])
+
+
+def test_no_moe_form_for_a_plain_gemm():
+    with pytest.raises(kgen.CallError, match="no MoE form"):
+        kgen.compile("specs/linear_gelu.k").moe(randn(4, 4), randn(1, 4, 4), randn(1, 4), offs=[4])
+
+
+def test_list_kernels_need_a_matmul():
+    with pytest.raises(kgen.UnsupportedError, match="need[s]? a matmul"):
+        kgen.compile("kernel k(X: [f32[N]]) -> Y: [f32[N]] {\n    Y = X * 2.0\n}\n")
+
+
+# --- tuning ----------------------------------------------------------------------------------------------
+
+def test_group_key_is_a_signature_not_exact_sizes():
+    names = ["A", "B"]
+    key = lambda a, b: grouped_gemm.group_key((a, b), {}, names, "A", "B")  # noqa: E731
+    a = [torch.empty(m, 64) for m in (100, 120)]
+    b = [torch.empty(64, 96) for _ in a]
+    assert key(a, b) == key([torch.empty(m, 64) for m in (110, 118)], b)   # same buckets
+    assert key(a, b) != key(a + a[:1], b + b[:1])                           # G
+    assert key(a, b) != key([t.half() for t in a], [t.half() for t in b])   # dtype
+    assert key(a, b) != key(a, [t.t().contiguous().t() for t in b])         # layout
+    assert key(a, b) != key([torch.empty(m, 64) for m in (1000, 1200)], b)  # sizes
+    assert key([], []) is None and key(a, b[:1]) is None
+
+
+def test_prune_keeps_tiles_that_fit_the_largest_problem():
+    configs = [dict(zip(grouped_gemm.CONFIG_KEYS, c)) for c in grouped_gemm.CANDIDATES_16]
+    small = grouped_gemm.prune(configs, {"A": [torch.empty(20, 64)] * 3, "B": [torch.empty(64, 40)] * 3}, "A", "B")
+    assert small and all(c["BLOCK_M"] <= 32 and c["BLOCK_N"] <= 64 for c in small)
+    big = {"A": [torch.empty(4096, 4096)], "B": [torch.empty(4096, 4096)]}
+    assert len(grouped_gemm.prune(configs, big, "A", "B")) == len(configs)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KGEN_AUTOTUNE", raising=False)
+    return tmp_path
+
+
+CONFIGS = tuple({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 1,
+                 "programs_per_sm": 1} for m, n in [(32, 32), (16, 32), (32, 16)])
+
+
+@pytest.mark.parametrize("form", ["lists", "moe"])
+def test_tuner_times_group_configs_and_keeps_them_on_disk(cache, form):
+    k = compiled("C = relu(A @ B)")
+    k([randn(3, 4)], [randn(4, 5)])
+    kernel = k._last
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0}
+    calls = []
+
+    def bench(run, config):
+        run()
+        calls.append(config)
+        return times[(config["BLOCK_M"], config["BLOCK_N"])]
+
+    if form == "lists":
+        host, tuning = kernel._host, kernel._tuner.tuning
+        args, kwargs = ([randn(40, 20), randn(7, 33)], [randn(20, 30), randn(33, 64)]), {}
+    else:
+        host, tuning = kernel._moe_host, kernel._moe_tuner.tuning
+        args, kwargs = (randn(50, 20), torch.randn(2, 20, 30, device=DEVICE)), {"offs": [20, 50]}
+    tuning = autotune.Tuning(CONFIGS, tuning.prune, tuning.key)
+    make = lambda: autotune.Tuner(host, tuning, kernel.source, kernel.name + form, bench=bench,  # noqa: E731
+                                  device_name="fake-gpu", force=True)
+    tuner = make()
+    config = tuner.choose(args, kwargs)
+    assert config == CONFIGS[1] and len(calls) == 3
+    assert len(list((cache / "autotune").rglob("*.json"))) == 1
+    assert make().choose(args, kwargs) == CONFIGS[1] and len(calls) == 3      # from disk
+    got = host(*args, **kwargs, config=config)
+    if form == "lists":
+        assert_group_close(got, [torch.relu(x.double() @ y.double()) for x, y in zip(*args)], *args)
+    else:
+        assert_close(got, torch.relu(moe_reference(args[0], args[1], [20, 50])), moe_bound(args[0], args[1], [20, 50]))
+
+
+# --- generated source -----------------------------------------------------------------------------------
+
+def test_generated_source_reads_like_tutorial_08_done_right():
+    source = kgen.compile("specs/grouped_gemm.k").source
+    assert "for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):" in source
+    assert "while tile_id >= tile_end:" in source
+    assert ".to(tl.pointer_type(tl.float16))" in source
+    assert "tl.multiple_of(A_ptr, 16)" in source and "offs_bn = offs_n % N" in source
+    assert "def grouped_gemm_moe(A, B, *, offs, out=None, config=None):" in source
+    imports = {line for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports == {"import torch", "import triton", "import triton.language as tl"}
+    with open("generated/grouped_gemm.py") as f:
+        assert f.read() == source
+
+
+# --- GPU ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def untuned(monkeypatch):
+    monkeypatch.setenv("KGEN_AUTOTUNE", "0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("layout", ["rows", "b cols", "sliced"])
+def test_gpu_group_of_mixed_sizes(untuned, dtype, layout):
+    rng = random.Random(1)
+    problems = [(1, 1, 1), (257, 131, 1000), (1024, 512, 256), (0, 64, 64), (16, 4096, 512), (300, 8, 8)]
+    a, b = make_group(problems, layout, DTYPES[dtype], rng)
+    got = compiled("C = leaky_relu(A @ B)")(a, b)
+    assert_group_close(got, [F.leaky_relu(x.double() @ y.double(), 0.01) for x, y in zip(a, b)], a, b, 1.0, "tf32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_every_candidate_config(untuned, dtype):
+    problems = [(304, 200, 136), (64, 48, 64), (1, 1000, 72)]
+    a, b = make_group(problems, "rows", DTYPES[dtype], random.Random(2))
+    bias = [randn(n, dtype=DTYPES[dtype]) for _, n, _ in problems]
+    k = compiled("C = gelu(A @ W + b)")
+    k(a, b, bias)
+    module = k._last.module
+    want = [F.gelu(x.double() @ y.double() + z.double()) for x, y, z in zip(a, b, bias)]
+    for config in getattr(module, f"{k._last.name}_configs"):
+        got = getattr(module, k._last.name)(a, b, bias, config=config)
+        assert_group_close(got, want, a, b, 1.2, "tf32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_moe_every_candidate_config(untuned, dtype):
+    dt = DTYPES[dtype]
+    rows = [0, 200, 1, 64, 333]
+    offs = [sum(rows[:i + 1]) for i in range(len(rows))]
+    a, w, bias = randn(offs[-1], 136, dtype=dt), torch.randn(5, 136, 200, device="cuda", dtype=dt), randn(5, 200)
+    k = compiled("C = gelu(A @ W + b)")
+    want = moe_reference(a, w, offs, lambda y, g: F.gelu(y + bias[g].double()))
+    k.moe(a, w, bias, offs=offs)
+    module = k._last.module
+    for config in getattr(module, f"{k._last.name}_configs"):
+        got = getattr(module, f"{k._last.name}_moe")(a, w, bias, offs=torch.tensor(offs, device="cuda"), config=config)
+        assert_close(got, want, moe_bound(a, w, offs), 1.2, "tf32")
