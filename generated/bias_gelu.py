@@ -120,7 +120,7 @@ def bias_gelu(x, bias, *, out=None, config=None):
     _check_tensor("bias", bias, torch.float16, 1, "f16[N]")
     _check_shape("bias", bias, (N,), "f16[N]", "x")
     device = _device(("x", x), ("bias", bias))
-    y, = _outputs(out, device, (("x", x), ("bias", bias)), ("y", (M, N), torch.float16))
+    y, = _outputs(out, device, (("x", x), ("bias", bias)), ("y", (M, N), torch.float16), inplace=True)
     n_elements = y.numel()
     if n_elements == 0:
         return y

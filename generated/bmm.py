@@ -270,8 +270,7 @@ def bmm(A, W, scale, R, *, out=None, config=None):
     if split_k > 1:
         grid = (triton.cdiv(M, config["BLOCK_M"]), triton.cdiv(N, config["BLOCK_N"]), B)
         bmm_split_k_kernel[grid](
-            partials,
-            scale, R, C,
+            partials, scale, R, C,
             M, N,
             scale.stride(0), scale.stride(1),
             R.stride(0), R.stride(1), R.stride(2),

@@ -98,6 +98,11 @@ def _group_int(ptr, MULTIPLE: tl.constexpr, INT64: tl.constexpr):
     return value
 
 
+@triton.jit
+def _group_max(a, b):
+    return tl.maximum(a, b)
+
+
 def _group_len(*named):
     """G, the number of problems: each list argument holds G tensors, G > 0."""
     first, G = None, None
@@ -200,25 +205,26 @@ _GROUP_TABLES = {}
 
 
 def _group_table(device, M, N, K, tensors, config, vector):
-    """A grouped GEMM's metadata: one row of int64 per problem, [tile_end, M, N, K, the
-    tensors' addresses, the tensors' strides] (tile_end: the running sum of tile counts),
+    """A grouped GEMM's metadata: int64, the problems' tile ends (a running sum of tile
+    counts), then a row per problem, [M, N, K, the tensors' addresses, their strides];
     built from what the host knows (no device sync) and copied to the device in one
     transfer; a table seen before is reused.  Also the number of tiles, and the layout
     constexprs: X_UNIT (the axis of X with stride 1 in every problem, -1: none), ALIGNED
-    (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64."""
+    (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64, and
+    G_BLOCK (the power of two at or above G: the kernel holds the tile ends in a vector)."""
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
     ends, tiles = [], 0
     for count in counts:
         tiles += count
         ends.append(tiles)
-    columns, strides = [ends, M, N, K], []
+    columns, strides = [M, N, K], []
     for _, values in tensors:
         columns.append([t.data_ptr() for t in values])
         strides.append([t.stride() for t in values])
     for per_tensor in strides:
         columns += zip(*per_tensor)
-    rows = [x for row in zip(*columns) for x in row]
+    rows = ends + [x for row in zip(*columns) for x in row]
     key = (device, block_m, block_n, block_k, vector, *rows)
     cached = _GROUP_TABLES.get(key)
     if cached is None:
@@ -234,20 +240,24 @@ def _group_table(device, M, N, K, tensors, config, vector):
             layout[f"{name}_UNIT"] = unit
             hint = max(1, 16 // values[0].element_size())
             aligned = aligned and all(
-                t.data_ptr() % 16 == 0 and all(stride % hint == 0 for axis, (size, stride)
-                                               in enumerate(zip(t.shape, t.stride())) if axis != unit and size > 1)
+                t.data_ptr() % 16 == 0 and all(stride % hint == 0 for axis, stride in enumerate(t.stride())
+                                               if axis != unit)
                 for t in live_values)
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
         reach = 2 * max(*M, *N, *K, 1) * max((abs(x) for per_tensor in strides for s in per_tensor for x in s),
                                              default=1)
-        layout.update(EVEN_K=all(K[i] % block_k == 0 for i in live), ALIGNED=aligned,
-                      INT64=reach >= _I32_LIMIT and _needs_int64(*used))
+        layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),
+                      ALIGNED=aligned, INT64=reach >= _I32_LIMIT and _needs_int64(*used))
         table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
         table = table.to(device, non_blocking=True)
         if len(_GROUP_TABLES) >= 256:
             _GROUP_TABLES.clear()
         cached = _GROUP_TABLES[key] = (table, tiles, layout)
     return cached
+
+
+def _group_block(G):
+    return 1 << max(0, G - 1).bit_length()
 
 
 _GROUP_SMS = {}
@@ -282,8 +292,12 @@ def _group_tma(device, layout, a, b):
     if layout[f"{a}_UNIT"] < 0 or layout[f"{b}_UNIT"] < 0 or not layout["ALIGNED"] or layout["INT64"] \
             or not _group_has_tma(device):
         return False
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+        unset = isinstance(_allocator.get(), NullAllocator)
+    except (ImportError, AttributeError):   # another Triton: set ours
+        unset = True
+    if unset:
         triton.set_allocator(_group_scratch)
     return True
 
@@ -331,48 +345,47 @@ def _group_offs(offs, G, device, source):
 
 @triton.jit
 def grouped_linear_gelu_kernel(
-    meta_ptr, num_tiles,
+    meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     X_UNIT: tl.constexpr, W_UNIT: tl.constexpr, b_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
-    EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem of a group: the programs walk the
     # tiles of all problems, tile_id = program_id, program_id + num_programs, ...
-    # meta_ptr: a row of 15 int64 per problem (tile_end: a running sum of tile counts)
-    #   0: tile_end, 1: M, 2: N, 3: K, 4: &X, 5: &W, 6: &b, 7: &Y, 8: X.stride(0), 9:
-    #   X.stride(1), 10: W.stride(0), 11: W.stride(1), 12: b.stride(0), 13: Y.stride(0), 14:
-    #   Y.stride(1)# X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
+    # meta_ptr: int64, the G problems' tile ends (a running sum of tile counts), then a row of
+    # 14 per problem:
+    #   0: M, 1: N, 2: K, 3: &X, 4: &W, 5: &b, 6: &Y, 7: X.stride(0), 8: X.stride(1), 9:
+    #   W.stride(0), 10: W.stride(1), 11: b.stride(0), 12: Y.stride(0), 13: Y.stride(1)
+    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
-    g = 0
-    tile_start = 0
-    tile_end = tl.load(meta_ptr).to(tl.int32)
+    idx = tl.arange(0, G_BLOCK)
+    tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        # this tile's problem: a problem's tiles are consecutive, so a program's problem
-        # index only moves forward (past problems without tiles, where M or N is 0)
-        while tile_id >= tile_end:
-            g += 1
-            tile_start = tile_end
-            tile_end = tl.load(meta_ptr + g * 15).to(tl.int32)
-        row = meta_ptr + g * 15
-        M = _group_int(row + 1, 1, INT64)
-        N = _group_int(row + 2, 8 * ALIGNED, INT64)
-        K = _group_int(row + 3, 8 * ALIGNED, INT64)
-        X_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
-        W_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
-        b_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
-        Y_ptr = tl.load(row + 7).to(tl.pointer_type(tl.float16))
+        # this tile's problem g: as many as end at or before it (problems without tiles,
+        # where M or N is 0, among them), and where its tiles start
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        row = meta_ptr + G + g * 14
+        M = _group_int(row, 1, INT64)
+        N = _group_int(row + 1, 8 * ALIGNED, INT64)
+        K = _group_int(row + 2, 8 * ALIGNED, INT64)
+        X_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
+        W_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
+        b_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+        Y_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
         if ALIGNED:
             X_ptr = tl.multiple_of(X_ptr, 16)
             W_ptr = tl.multiple_of(W_ptr, 16)
             b_ptr = tl.multiple_of(b_ptr, 16)
             Y_ptr = tl.multiple_of(Y_ptr, 16)
-        X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
-        X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
-        W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
-        W_stride1 = 1 if W_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
-        b_stride0 = 1 if b_UNIT == 0 else _group_int(row + 12, 8 * ALIGNED, INT64)
-        Y_stride0 = 1 if Y_UNIT == 0 else _group_int(row + 13, 8 * ALIGNED, INT64)
-        Y_stride1 = 1 if Y_UNIT == 1 else _group_int(row + 14, 8 * ALIGNED, INT64)
+        X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 7, 8 * ALIGNED, INT64)
+        X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 8, 8 * ALIGNED, INT64)
+        W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 9, 8 * ALIGNED, INT64)
+        W_stride1 = 1 if W_UNIT == 1 else _group_int(row + 10, 8 * ALIGNED, INT64)
+        b_stride0 = 1 if b_UNIT == 0 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        Y_stride0 = 1 if Y_UNIT == 0 else _group_int(row + 12, 8 * ALIGNED, INT64)
+        Y_stride1 = 1 if Y_UNIT == 1 else _group_int(row + 13, 8 * ALIGNED, INT64)
         # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
         # column, so that programs running together share rows of X and columns of W in L2
         pid = tile_id - tile_start
@@ -418,45 +431,45 @@ def grouped_linear_gelu_kernel(
 
 @triton.jit
 def grouped_linear_gelu_tma_kernel(
-    meta_ptr, num_tiles,
+    meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     X_UNIT: tl.constexpr, W_UNIT: tl.constexpr, b_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
-    EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    A_T: tl.constexpr, B_T: tl.constexpr,
 ):
     # The list kernel for Hopper: X and W through TMA descriptors made on the device
     # for each tile's problem (the host launches it when every problem's X and W have
-    # a contiguous axis and ALIGNED holds); A_T / B_T: the descriptor is over the transpose.# X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
+    # a contiguous axis and ALIGNED holds); A_T / B_T: the descriptor is over the transpose.
+    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
-    g = 0
-    tile_start = 0
-    tile_end = tl.load(meta_ptr).to(tl.int32)
+    idx = tl.arange(0, G_BLOCK)
+    tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        # this tile's problem: a problem's tiles are consecutive, so a program's problem
-        # index only moves forward (past problems without tiles, where M or N is 0)
-        while tile_id >= tile_end:
-            g += 1
-            tile_start = tile_end
-            tile_end = tl.load(meta_ptr + g * 15).to(tl.int32)
-        row = meta_ptr + g * 15
-        M = _group_int(row + 1, 1, INT64)
-        N = _group_int(row + 2, 8 * ALIGNED, INT64)
-        K = _group_int(row + 3, 8 * ALIGNED, INT64)
-        X_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
-        W_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
-        b_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
-        Y_ptr = tl.load(row + 7).to(tl.pointer_type(tl.float16))
+        # this tile's problem g: as many as end at or before it (problems without tiles,
+        # where M or N is 0, among them), and where its tiles start
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        row = meta_ptr + G + g * 14
+        M = _group_int(row, 1, INT64)
+        N = _group_int(row + 1, 8 * ALIGNED, INT64)
+        K = _group_int(row + 2, 8 * ALIGNED, INT64)
+        X_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
+        W_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
+        b_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+        Y_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
         if ALIGNED:
             X_ptr = tl.multiple_of(X_ptr, 16)
             W_ptr = tl.multiple_of(W_ptr, 16)
             b_ptr = tl.multiple_of(b_ptr, 16)
             Y_ptr = tl.multiple_of(Y_ptr, 16)
-        X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
-        X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
-        W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
-        W_stride1 = 1 if W_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
-        b_stride0 = 1 if b_UNIT == 0 else _group_int(row + 12, 8 * ALIGNED, INT64)
-        Y_stride0 = 1 if Y_UNIT == 0 else _group_int(row + 13, 8 * ALIGNED, INT64)
-        Y_stride1 = 1 if Y_UNIT == 1 else _group_int(row + 14, 8 * ALIGNED, INT64)
+        X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 7, 8 * ALIGNED, INT64)
+        X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 8, 8 * ALIGNED, INT64)
+        W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 9, 8 * ALIGNED, INT64)
+        W_stride1 = 1 if W_UNIT == 1 else _group_int(row + 10, 8 * ALIGNED, INT64)
+        b_stride0 = 1 if b_UNIT == 0 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        Y_stride0 = 1 if Y_UNIT == 0 else _group_int(row + 12, 8 * ALIGNED, INT64)
+        Y_stride1 = 1 if Y_UNIT == 1 else _group_int(row + 13, 8 * ALIGNED, INT64)
         # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
         # column, so that programs running together share rows of X and columns of W in L2
         pid = tile_id - tile_start
@@ -512,75 +525,74 @@ def grouped_linear_gelu_moe_kernel(
     b_stride, b_stride0,
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
-    # to row_end = offs[g] of T; a stacked tensor X holds one per problem, X_stride apart
-    # (the problem's address offsets in int64: a [G, K, N] weight passes 2**31 elements).# The programs walk the tiles of all problems as the list kernel's do, their tile
-    # counts summed on the fly from offs (ends clamped to [row_start, T]).
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    g = 0
-    row_start = 0
-    row_end = tl.minimum(tl.maximum(tl.load(offs_ptr), 0), T).to(tl.int32)
-    tile_start = 0
-    tile_end = tl.cdiv(row_end, BLOCK_M) * num_pid_n
-    tile_id = tl.program_id(0)
-    while g < G:
-        if tile_id >= tile_end:  # past this problem's tiles: the next problem
-            g += 1
-            row_start = row_end
-            row_end = tl.minimum(tl.maximum(tl.load(offs_ptr + tl.minimum(g, G - 1)), row_start), T).to(tl.int32)
-            tile_start = tile_end
-            tile_end += tl.cdiv(row_end - row_start, BLOCK_M) * num_pid_n
-        else:
-            M = row_end - row_start
-            X_ptr = X_base + row_start.to(tl.int64) * X_stride0
-            W_ptr = W_base + g.to(tl.int64) * W_stride
-            b_ptr = b_base + g.to(tl.int64) * b_stride
-            Y_ptr = Y_base + row_start.to(tl.int64) * Y_stride0
-            # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
-            # column, so that programs running together share rows of X and columns of W in L2
-            pid = tile_id - tile_start
-            num_pid_m = tl.cdiv(M, BLOCK_M)
-            num_pid_n = tl.cdiv(N, BLOCK_N)
-            num_pid_in_group = GROUP_M * num_pid_n
-            group_id = pid // num_pid_in_group
-            first_pid_m = group_id * GROUP_M
-            group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-            pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-            pid_n = (pid % num_pid_in_group) // group_size_m
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            offs_k = tl.arange(0, BLOCK_K)
-            if INT64:  # offsets past 2**31 elements
-                offs_m = offs_m.to(tl.int64)
-                offs_n = offs_n.to(tl.int64)
-                offs_k = offs_k.to(tl.int64)
-            # rows of X and columns of W past the edge wrap around: the loads
-            # stay in bounds and only K is masked; the store masks M and N
-            offs_am = offs_m % M
-            offs_bn = offs_n % N
-            X_ptrs = X_ptr + offs_am[:, None] * X_stride0 + offs_k[None, :] * X_stride1
-            W_ptrs = W_ptr + offs_k[:, None] * W_stride0 + offs_bn[None, :] * W_stride1
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(0, tl.cdiv(K, BLOCK_K)):
-                if EVEN_K:
-                    X = tl.load(X_ptrs)
-                    W = tl.load(W_ptrs)
-                else:
-                    X = tl.load(X_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
-                    W = tl.load(W_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
-                acc = tl.dot(X, W, acc)
-                X_ptrs += BLOCK_K * X_stride1
-                W_ptrs += BLOCK_K * W_stride0
-            # the epilogue, on the f32 accumulator
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
-            # Y = gelu(X @ W + b)
-            Y = gelu(acc + b)
-            tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
-            tile_id += tl.num_programs(0)
+    # to offs[g] of T; a stacked tensor X holds one per problem, X_stride apart (the
+    # problem's address offsets in int64: a [G, K, N] weight passes 2**31 elements).
+    # The schedule of the list kernel, from offs: each program sums the problems' tile
+    # counts once (ends clamped to [0, T]), then finds each of its tiles' problem
+    # (and made non-decreasing, a running max: no two problems share a row)
+    idx = tl.arange(0, G_BLOCK)
+    row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
+    row_ends = tl.associative_scan(row_ends, 0, _group_max)
+    row_starts = tl.minimum(tl.maximum(tl.load(offs_ptr + idx - 1, mask=(idx > 0) & (idx < G), other=0), 0), T)
+    row_starts = tl.associative_scan(row_starts.to(tl.int32), 0, _group_max)
+    row_counts = tl.where(idx < G, row_ends - row_starts, 0)
+    tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
+    num_tiles = tl.max(tile_ends)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        row_start = tl.sum(tl.where(idx == g, row_starts, 0))
+        M = tl.sum(tl.where(idx == g, row_counts, 0))
+        X_ptr = X_base + row_start.to(tl.int64) * X_stride0
+        W_ptr = W_base + g.to(tl.int64) * W_stride
+        b_ptr = b_base + g.to(tl.int64) * b_stride
+        Y_ptr = Y_base + row_start.to(tl.int64) * Y_stride0
+        # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
+        # column, so that programs running together share rows of X and columns of W in L2
+        pid = tile_id - tile_start
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        num_pid_in_group = GROUP_M * num_pid_n
+        group_id = pid // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        if INT64:  # offsets past 2**31 elements
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+            offs_k = offs_k.to(tl.int64)
+        # rows of X and columns of W past the edge wrap around: the loads
+        # stay in bounds and only K is masked; the store masks M and N
+        offs_am = offs_m % M
+        offs_bn = offs_n % N
+        X_ptrs = X_ptr + offs_am[:, None] * X_stride0 + offs_k[None, :] * X_stride1
+        W_ptrs = W_ptr + offs_k[:, None] * W_stride0 + offs_bn[None, :] * W_stride1
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                X = tl.load(X_ptrs)
+                W = tl.load(W_ptrs)
+            else:
+                X = tl.load(X_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
+                W = tl.load(W_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+            acc = tl.dot(X, W, acc)
+            X_ptrs += BLOCK_K * X_stride1
+            W_ptrs += BLOCK_K * W_stride0
+        # the epilogue, on the f32 accumulator
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+        # Y = gelu(X @ W + b)
+        Y = gelu(acc + b)
+        tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -590,67 +602,63 @@ def grouped_linear_gelu_moe_tma_kernel(
     b_stride, b_stride0,
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    A_T: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr,
 ):
-    # The MoE kernel for Hopper: X [T, K] and W [G, K, N] through TMA descriptors
-    # (A_T / B_T: over the transpose).  A tile's rows past the problem's M are other
-    # problems' rows or zeros: computed, never stored.# The programs walk the tiles of all problems as the list kernel's do, their tile
-    # counts summed on the fly from offs (ends clamped to [row_start, T]).
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    g = 0
-    row_start = 0
-    row_end = tl.minimum(tl.maximum(tl.load(offs_ptr), 0), T).to(tl.int32)
-    tile_start = 0
-    tile_end = tl.cdiv(row_end, BLOCK_M) * num_pid_n
-    tile_id = tl.program_id(0)
-    while g < G:
-        if tile_id >= tile_end:  # past this problem's tiles: the next problem
-            g += 1
-            row_start = row_end
-            row_end = tl.minimum(tl.maximum(tl.load(offs_ptr + tl.minimum(g, G - 1)), row_start), T).to(tl.int32)
-            tile_start = tile_end
-            tile_end += tl.cdiv(row_end - row_start, BLOCK_M) * num_pid_n
-        else:
-            M = row_end - row_start
-            b_ptr = b_base + g.to(tl.int64) * b_stride
-            Y_ptr = Y_base + row_start.to(tl.int64) * Y_stride0
-            # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
-            # column, so that programs running together share rows of X and columns of W in L2
-            pid = tile_id - tile_start
-            num_pid_m = tl.cdiv(M, BLOCK_M)
-            num_pid_n = tl.cdiv(N, BLOCK_N)
-            num_pid_in_group = GROUP_M * num_pid_n
-            group_id = pid // num_pid_in_group
-            first_pid_m = group_id * GROUP_M
-            group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-            pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-            pid_n = (pid % num_pid_in_group) // group_size_m
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            offs_k = tl.arange(0, BLOCK_K)
-            if INT64:  # offsets past 2**31 elements
-                offs_m = offs_m.to(tl.int64)
-                offs_n = offs_n.to(tl.int64)
-                offs_k = offs_k.to(tl.int64)
-            # TMA loads: zeros past every edge of the descriptors, nothing to mask until the store
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(0, tl.cdiv(K, BLOCK_K)):
-                if A_T:
-                    X = X_desc.load([k * BLOCK_K, row_start + pid_m * BLOCK_M]).T
-                else:
-                    X = X_desc.load([row_start + pid_m * BLOCK_M, k * BLOCK_K])
-                if B_T:
-                    W = W_desc.load([g, pid_n * BLOCK_N, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
-                else:
-                    W = W_desc.load([g, k * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
-                acc = tl.dot(X, W, acc)
-            # the epilogue, on the f32 accumulator
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
-            # Y = gelu(X @ W + b)
-            Y = gelu(acc + b)
-            tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
-            tile_id += tl.num_programs(0)
+    # The MoE kernel for Hopper: X [T, K] (rows contiguous) and W [G, K, N] through TMA
+    # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
+    # problem's M are other problems' rows or zeros: computed, never stored.
+    # The schedule of the list kernel, from offs: each program sums the problems' tile
+    # counts once (ends clamped to [0, T]), then finds each of its tiles' problem
+    # (and made non-decreasing, a running max: no two problems share a row)
+    idx = tl.arange(0, G_BLOCK)
+    row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
+    row_ends = tl.associative_scan(row_ends, 0, _group_max)
+    row_starts = tl.minimum(tl.maximum(tl.load(offs_ptr + idx - 1, mask=(idx > 0) & (idx < G), other=0), 0), T)
+    row_starts = tl.associative_scan(row_starts.to(tl.int32), 0, _group_max)
+    row_counts = tl.where(idx < G, row_ends - row_starts, 0)
+    tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
+    num_tiles = tl.max(tile_ends)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        row_start = tl.sum(tl.where(idx == g, row_starts, 0))
+        M = tl.sum(tl.where(idx == g, row_counts, 0))
+        b_ptr = b_base + g.to(tl.int64) * b_stride
+        Y_ptr = Y_base + row_start.to(tl.int64) * Y_stride0
+        # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
+        # column, so that programs running together share rows of X and columns of W in L2
+        pid = tile_id - tile_start
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        num_pid_in_group = GROUP_M * num_pid_n
+        group_id = pid // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        if INT64:  # offsets past 2**31 elements
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+            offs_k = offs_k.to(tl.int64)
+        # TMA loads: zeros past every edge of the descriptors, nothing to mask until the store
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            X = X_desc.load([row_start + pid_m * BLOCK_M, k * BLOCK_K])
+            if B_T:
+                W = W_desc.load([g, pid_n * BLOCK_N, k * BLOCK_K]).reshape(BLOCK_N, BLOCK_K).T
+            else:
+                W = W_desc.load([g, k * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+            acc = tl.dot(X, W, acc)
+        # the epilogue, on the f32 accumulator
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+        # Y = gelu(X @ W + b)
+        Y = gelu(acc + b)
+        tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
 
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).
@@ -708,13 +716,13 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
     grid = (_group_programs(device, num_tiles, config),)
     if config.get("TMA") and _group_tma(device, layout, "X", "W"):
         grouped_linear_gelu_tma_kernel[grid](
-            table, num_tiles, **layout, **_group_launch(config),
+            table, G, num_tiles, **layout, **_group_launch(config),
             A_T=layout["X_UNIT"] == 0, B_T=layout["W_UNIT"] == 0,
         )
         return Y
     # TMA cannot read these operands here: the pointer kernel, same tiles
     grouped_linear_gelu_kernel[grid](
-        table, num_tiles, **layout, **_group_launch(config),
+        table, G, num_tiles, **layout, **_group_launch(config),
     )
     return Y
 
@@ -743,13 +751,15 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     if config.get("TMA"):
         X_desc, A_T = _group_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _group_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])
-        if X_desc is not None and W_desc is not None and _group_has_tma(device):
+        # (TMA loads at a row offset: a column-major X would start them off 16-byte boundaries)
+        if X_desc is not None and not A_T and W_desc is not None \
+                and _group_has_tma(device):
             grouped_linear_gelu_moe_tma_kernel[grid](
                 X_desc, W_desc, b, Y, offs,
                 G, T, N, K,
                 b.stride(0), b.stride(1),
                 Y.stride(0), Y.stride(1),
-                A_T=A_T, B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
             )
             return Y
         # TMA cannot read these operands here: the pointer kernel, same tiles
@@ -760,6 +770,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
         W.stride(0), W.stride(1), W.stride(2),
         b.stride(0), b.stride(1),
         Y.stride(0), Y.stride(1),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
+        G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
+        INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
     )
     return Y

@@ -405,8 +405,7 @@ def linear_gelu(X, W, b, *, out=None, config=None):
     if split_k > 1:
         grid = (triton.cdiv(M, config["BLOCK_M"]), triton.cdiv(N, config["BLOCK_N"]))
         linear_gelu_split_k_kernel[grid](
-            partials,
-            b, Y,
+            partials, b, Y,
             M, N,
             b.stride(0),
             Y.stride(0), Y.stride(1),

@@ -125,7 +125,7 @@ def silu_mul(x, gate, *, out=None, config=None):
     _check_tensor("gate", gate, torch.float16, 2, "f16[M, N]")
     _check_shape("gate", gate, (M, N), "f16[M, N]", "x")
     device = _device(("x", x), ("gate", gate))
-    y, = _outputs(out, device, (("x", x), ("gate", gate)), ("y", (M, N), torch.float16))
+    y, = _outputs(out, device, (("x", x), ("gate", gate)), ("y", (M, N), torch.float16), inplace=True)
     n_elements = y.numel()
     if n_elements == 0:
         return y

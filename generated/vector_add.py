@@ -119,7 +119,7 @@ def vector_add(x, y, *, out=None, config=None):
     _check_tensor("y", y, torch.float32, 1, "f32[N]")
     _check_shape("y", y, (N,), "f32[N]", "x")
     device = _device(("x", x), ("y", y))
-    z, = _outputs(out, device, (("x", x), ("y", y)), ("z", (N,), torch.float32))
+    z, = _outputs(out, device, (("x", x), ("y", y)), ("z", (N,), torch.float32), inplace=True)
     n_elements = z.numel()
     if n_elements == 0:
         return z

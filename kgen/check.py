@@ -539,22 +539,23 @@ def _dtype(name: S.Name) -> DType:
 
 
 def _result_type(*nodes: Node) -> DType:
-    """torch's promotion: tensors with dims beat 0-dim tensors, which beat Python numbers."""
-    def example(dtype: torch.dtype, rank: int):  # rank -1: a Python number
-        if rank < 0:
-            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
-        return torch.empty((1,) * rank, dtype=dtype)
-
-    def rank_of(n: Node) -> int:
-        return -1 if n.is_weak else min(len(n.shape), 1)
-
-    dtype, rank = nodes[0].dtype.torch, rank_of(nodes[0])
-    for n in nodes[1:]:
-        dtype = torch.result_type(example(dtype, rank), example(n.dtype.torch, rank_of(n)))
-        rank = max(rank, rank_of(n))
-    if dtype in D.BY_TORCH:
-        return D.BY_TORCH[dtype]
-    return D.F32 if dtype.is_floating_point else D.I32
+    """torch's promotion: tensors with dims beat 0-dim tensors, which beat Python numbers;
+    a weaker class decides only when its category (bool < integer < float) is higher."""
+    classes: dict[int, list[DType]] = {2: [], 1: [], 0: []}
+    for n in nodes:
+        classes[0 if n.is_weak else 1 if n.shape == () else 2].append(n.dtype)
+    result = None
+    for cls in (2, 1, 0):
+        if not classes[cls]:
+            continue
+        dtype = classes[cls][0]
+        for other in classes[cls][1:]:
+            dtype = D.promote(dtype, other)
+        if cls == 0:   # Python numbers take torch's default dtype of their category
+            dtype = {0: D.BOOL, 1: D.I32, 2: D.F32}[dtype.category]
+        if result is None or dtype.category > result.category:
+            result = dtype
+    return result
 
 
 def _source(text: str, span: Span) -> str:

@@ -140,7 +140,7 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
     blocks, candidates = _schedule(kir)
     return ElementwisePlan(
-        name=kir.name, host=host(kir), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
+        name=kir.name, host=host(kir, inplace=True), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes),
         # no flat path when every axis has size 1: there are no offsets to take
         flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,

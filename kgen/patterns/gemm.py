@@ -119,9 +119,13 @@ TMA_CANDIDATES_16 = (
     (128, 128, 128, 8, 8, 3),
 )
 # The same, warp-specialized (``"WS": True``: producer warps issue the TMA loads while the
-# others run the dots and the epilogue; Triton 3.5 and later do it on Hopper), last
-# column SUBTILE: the epilogue on two BLOCK_M x BLOCK_N / 2 halves (Triton tutorial 09).
-# Offered only where Triton's tl.range takes warp_specialize.
+# others run the dots and the epilogue), last column SUBTILE: the epilogue on two
+# BLOCK_M x BLOCK_N / 2 halves (Triton tutorial 09).  Offered only where Triton's tl.range
+# takes warp_specialize.  What Triton 3.9 does with them for sm_90 (compiled without a
+# GPU): 4 warps and 64 x 128 tiles become one producer and two consumer warp groups that
+# take alternate tiles; 8 warps are left unspecialized (plain pipelining, loop not
+# flattened); 128-row tiles at 4 warps fail to compile (their split across two consumer
+# groups does not fit host-side TMA descriptors).  To be measured on the H200.
 WS_CANDIDATES_16 = (
     (64, 128, 64, 8, 4, 3, False),
     (64, 128, 64, 8, 4, 4, False),

@@ -126,8 +126,8 @@ SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
 # Names the grouped kernels and host functions define for themselves: a spec's values
 # may not take them, and its dimensions (host locals) not the host's.
 KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
-    "g", "G", "T", "tile_start", "tile_end", "num_tiles", "row_start", "row_end", "table", "layout",
-    "ALIGNED", "programs_per_sm"})
+    "g", "G", "T", "tile_start", "tile_ends", "num_tiles", "row_start", "row_starts", "row_ends", "row_counts",
+    "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm"})
 HOST_LOCALS = frozenset({"G", "table", "num_tiles", "layout", "config", "offs"})
 
 
@@ -228,10 +228,10 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     vector = 16 // (operand_dtype.bits // 8)
 
     # The metadata row: tile_end, M, N, K, the addresses, the strides (every axis of every tensor).
-    columns = ["tile_end", "M", "N", "K"] + [f"&{t}" for t in names]
+    columns = ["M", "N", "K"] + [f"&{t}" for t in names]
     table = []
     stride_col = len(columns)
-    pointer_cols = {t: 4 + i for i, t in enumerate(names)}
+    pointer_cols = {t: 3 + i for i, t in enumerate(names)}
     stride_cols = {}
     for t in names:
         stride_cols[t] = stride_col
