@@ -211,17 +211,18 @@ def _group_table(device, M, N, K, tensors, config, vector):
     transfer; a table seen before is reused.  Also the number of tiles, and the layout
     constexprs: X_UNIT (the axis of X with stride 1 in every problem, -1: none), ALIGNED
     (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64, and
-    G_BLOCK (the power of two at or above G: the kernel holds the tile ends in a vector)."""
+    G_BLOCK (the kernel holds the tile ends in a vector of G_BLOCK >= G)."""
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
     ends, tiles = [], 0
     for count in counts:
         tiles += count
         ends.append(tiles)
-    columns, strides = [M, N, K], []
+    columns, addresses, strides = [M, N, K], [], []
     for _, values in tensors:
-        columns.append([t.data_ptr() for t in values])
+        addresses.append([t.data_ptr() for t in values])
         strides.append([t.stride() for t in values])
+    columns += addresses
     for per_tensor in strides:
         columns += zip(*per_tensor)
     rows = ends + [x for row in zip(*columns) for x in row]
@@ -230,24 +231,23 @@ def _group_table(device, M, N, K, tensors, config, vector):
     if cached is None:
         live = [i for i, count in enumerate(counts) if count]
         aligned = all(N[i] % vector == 0 and K[i] % vector == 0 for i in live)
-        layout, used = {}, []
-        for name, values in tensors:
-            live_values = [values[i] for i in live if values[i].numel()]
-            used += live_values
-            rank = values[0].dim()
+        layout, used, reach = {}, [], 0
+        for (name, values), per_address, per_stride in zip(tensors, addresses, strides):
+            present = [i for i in live if values[i].numel()]     # K = 0: empty operands
+            used += [values[i] for i in present]
+            shapes = [values[i].shape for i in present]
+            ss = [per_stride[i] for i in present]
+            rank = len(per_stride[0])
             unit = next((axis for axis in reversed(range(rank))
-                         if all(t.stride(axis) == 1 or t.shape[axis] <= 1 for t in live_values)), -1)
+                         if all(s[axis] == 1 or shape[axis] <= 1 for s, shape in zip(ss, shapes))), -1)
             layout[f"{name}_UNIT"] = unit
             hint = max(1, 16 // values[0].element_size())
-            aligned = aligned and all(
-                t.data_ptr() % 16 == 0 and all(stride % hint == 0 for axis, stride in enumerate(t.stride())
-                                               if axis != unit)
-                for t in live_values)
+            aligned = aligned and all(per_address[i] % 16 == 0 for i in present) and \
+                all(stride % hint == 0 for s in ss for axis, stride in enumerate(s) if axis != unit)
+            reach = max([reach, *(max(s, default=0) for s in ss)])
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
-        reach = 2 * max(*M, *N, *K, 1) * max((abs(x) for per_tensor in strides for s in per_tensor for x in s),
-                                             default=1)
         layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),
-                      ALIGNED=aligned, INT64=reach >= _I32_LIMIT and _needs_int64(*used))
+                      ALIGNED=aligned, INT64=2 * max(*M, *N, *K, 1) * reach >= _I32_LIMIT and _needs_int64(*used))
         table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
         table = table.to(device, non_blocking=True)
         if len(_GROUP_TABLES) >= 256:
@@ -257,7 +257,9 @@ def _group_table(device, M, N, K, tensors, config, vector):
 
 
 def _group_block(G):
-    return 1 << max(0, G - 1).bit_length()
+    """The width of the kernel's vector of problems: a power of two, at least 32 (one warp;
+    groups up to 32 problems share one compiled kernel)."""
+    return max(32, 1 << max(0, G - 1).bit_length())
 
 
 _GROUP_SMS = {}
@@ -531,9 +533,9 @@ def grouped_linear_gelu_moe_kernel(
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
     # to offs[g] of T; a stacked tensor X holds one per problem, X_stride apart (the
     # problem's address offsets in int64: a [G, K, N] weight passes 2**31 elements).
-    # The schedule of the list kernel, from offs: each program sums the problems' tile
-    # counts once (ends clamped to [0, T]), then finds each of its tiles' problem
-    # (and made non-decreasing, a running max: no two problems share a row)
+    # The list kernel's schedule, from offs: each program reads the row ends once (clamped
+    # to [0, T] and made non-decreasing by a running max: no two problems share a row),
+    # sums the problems' tile counts, then finds each of its tiles' problem.
     idx = tl.arange(0, G_BLOCK)
     row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
     row_ends = tl.associative_scan(row_ends, 0, _group_max)
@@ -607,9 +609,9 @@ def grouped_linear_gelu_moe_tma_kernel(
     # The MoE kernel for Hopper: X [T, K] (rows contiguous) and W [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
     # problem's M are other problems' rows or zeros: computed, never stored.
-    # The schedule of the list kernel, from offs: each program sums the problems' tile
-    # counts once (ends clamped to [0, T]), then finds each of its tiles' problem
-    # (and made non-decreasing, a running max: no two problems share a row)
+    # The list kernel's schedule, from offs: each program reads the row ends once (clamped
+    # to [0, T] and made non-decreasing by a running max: no two problems share a row),
+    # sums the problems' tile counts, then finds each of its tiles' problem.
     idx = tl.arange(0, G_BLOCK)
     row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
     row_ends = tl.associative_scan(row_ends, 0, _group_max)

@@ -57,7 +57,8 @@ class Node:
         it takes part in dtype promotion as torch's Python scalars do."""
         if self.op in (Op.CONST, Op.SCALAR):
             return True
-        return self.op is not Op.INPUT and self.shape == () and all(i.is_weak for i in self.inputs)
+        # a cast makes a typed value, as torch.tensor(x, dtype=...) would: a 0-dim tensor
+        return self.op not in (Op.INPUT, Op.CAST) and self.shape == () and all(i.is_weak for i in self.inputs)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,11 @@ def _clamp(node: Node):
         hi = next(it) if has_hi else None
         if not isinstance(x, torch.Tensor):  # clamp(0.5, A, B)
             x = _as_tensor(x, next(b for b in bounds if isinstance(b, torch.Tensor)))
-        return torch.clamp(x, _as_tensor(lo, x), _as_tensor(hi, x))
+        lo, hi = _as_tensor(lo, x), _as_tensor(hi, x)
+        # a cast scalar is a 0-dim CPU tensor, which torch.clamp will not mix with CUDA bounds
+        device = next((t.device for t in (x, lo, hi) if t is not None and t.device.type != "cpu"), x.device)
+        x, lo, hi = (None if t is None else t.to(device) for t in (x, lo, hi))
+        return torch.clamp(x, lo, hi)
     return clamp
 
 

@@ -226,3 +226,26 @@ def test_schedule_reaches_the_ir():
     text = "kernel k(X: f32[N]) -> Y {\n    Y = X\n}\nschedule k {\n    BLOCK_SIZE = [64, 128]\n    num_warps = 4\n}\n"
     (kir,) = check(parse(text))
     assert kir.schedule == {"BLOCK_SIZE": (64, 128), "num_warps": (4,)}
+
+
+TRIPLES = [(x, kx, lo, klo, hi, khi) for (x, kx), (lo, klo), (hi, khi) in itertools.product(
+    [(d, k) for d in [D.BOOL, D.I32, D.F16, D.F32] for k in ("tensor", "0-dim")], repeat=3)
+    if x is not D.BOOL and D.BOOL not in (lo, hi)]
+
+
+@pytest.mark.parametrize("x, kx, lo, klo, hi, khi", TRIPLES, ids=lambda v: getattr(v, "name", v))
+def test_three_operand_promotion_is_one_shot_as_torch(x, kx, lo, klo, hi, khi):
+    """clamp(x, lo, hi) promotes its three operands at once, as torch.clamp does (not pairwise:
+    i32 with a 0-dim f32 and an f16 tensor is f16)."""
+    kir = checked("Y = clamp(A, B, C)", arg(x, kx), arg(lo, klo), arg(hi, khi))
+    want = torch.clamp(example(x, kx), example(lo, klo), example(hi, khi)).dtype
+    assert kir.outputs[0].node.dtype.torch == want
+
+
+@pytest.mark.parametrize("x, lo, hi", [(D.I32, "0.5", D.F16), (D.F16, "2", D.I32), (D.I32, "1", D.I32)])
+def test_three_operand_promotion_with_a_literal(x, lo, hi):
+    kir = checked(f"Y = clamp(A, {lo}, B)", tensor(x), tensor(hi))
+    number = float(lo) if "." in lo else int(lo)
+    want = torch.clamp(example(x, "tensor"), torch.tensor(number, dtype=torch.float32 if isinstance(number, float)
+                                                          else torch.int32), example(hi, "tensor")).dtype
+    assert kir.outputs[0].node.dtype.torch == want

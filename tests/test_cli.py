@@ -190,6 +190,7 @@ def test_comments_never_break_lines():
 def test_python_dash_m_kgen(project):
     result = subprocess.run([sys.executable, "-m", "kgen", "show", "specs/vector_add.k", "--emit", "ir"],
                             capture_output=True, text=True, cwd=project,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, result.stderr
     assert "kernel vector_add(x: f32[N], y: f32[N]) -> z: f32[N]" in result.stdout

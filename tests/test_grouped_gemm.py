@@ -278,7 +278,7 @@ def test_layout_constexprs():
     h = torch.float16
     a, b = [randn(32, 64, dtype=h), randn(16, 128, dtype=h)], [randn(64, 48, dtype=h), randn(128, 8, dtype=h)]
     _, (_, _, layout), _ = table_of(k, a, b)
-    assert layout == {"A_UNIT": 1, "B_UNIT": 1, "C_UNIT": 1, "G_BLOCK": 2, "EVEN_K": True, "ALIGNED": True,
+    assert layout == {"A_UNIT": 1, "B_UNIT": 1, "C_UNIT": 1, "G_BLOCK": 32, "EVEN_K": True, "ALIGNED": True,
                       "INT64": False}
     bt = [randn(64, 48, dtype=h, layout="cols"), randn(128, 8, dtype=h, layout="cols")]
     _, (_, _, layout), _ = table_of(k, a, bt)
@@ -470,12 +470,17 @@ def test_gpu_moe_matches_torch_grouped_mm():
     offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
     a = torch.randn(sum(rows), 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16)
-    try:
-        want = torch._grouped_mm(a, w, offs=offs)
-    except RuntimeError as e:
-        pytest.skip(f"torch._grouped_mm: {e}")
-    got = compiled("C = A @ B").moe(a, w, offs=offs)
-    assert_close(got, want.float(), moe_bound(a, w, offs.tolist()), 2.0)
+    errors = []
+    for w_ in (w, w.transpose(1, 2).contiguous().transpose(1, 2)):    # it may want B column-major
+        try:
+            want = torch._grouped_mm(a, w_, offs=offs)
+        except RuntimeError as e:
+            errors.append(str(e))
+            continue
+        got = compiled("C = A @ B").moe(a, w_, offs=offs)
+        assert_close(got, want.float(), moe_bound(a, w_, offs.tolist()), 2.0, "tf32")
+    if len(errors) == 2:
+        pytest.skip(f"torch._grouped_mm: {errors[0]}")
 
 
 # --- bad input: KgenError before any launch ----------------------------------------------------------------

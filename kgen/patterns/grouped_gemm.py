@@ -9,28 +9,40 @@ by the same template pieces (``templates/gemm_parts.jinja``).
 
 **The schedule.**  ``NUM_SMS * programs_per_sm`` persistent programs (at most one per
 tile) walk the tiles of all problems: program ``p`` takes tiles ``p, p + P, p + 2P, ...``
-of the concatenated tile space.  A problem's tiles are consecutive there (in GROUP_M
-order within the problem, as in the tiled GEMM), so a program finds its problem by
-moving a problem index forward past the running tile counts; it never moves back and
-never rescans.  Problems without tiles (M = 0 or N = 0) take no tiles and are skipped.
-Unlike tutorial 08, partial tiles are masked (rows and columns wrap around in the K loop
-and are masked at the store; K is masked unless every K is a multiple of BLOCK_K), each
-problem has its own strides (row-major, transposed or any), the K loop is pipelined
-(``num_stages``), and loads are vectorized where the layout allows (below).
+of the concatenated tile space, where a problem's tiles are consecutive (in GROUP_M
+order within the problem, as in the tiled GEMM).  Each program loads the problems' tile
+ends (the running sum of tile counts) once, as a vector of ``G_BLOCK`` (a power of two
+at or above G, at least 32), and finds a tile's problem with a comparison and two reductions: no
+serial scan over problems, no data-dependent loop.  Problems without tiles (M = 0 or
+N = 0) take no tiles and are skipped.  Unlike tutorial 08, partial tiles are masked
+(rows and columns wrap around in the K loop and are masked at the store; K is masked
+unless every K is a multiple of BLOCK_K), each problem has its own strides (row-major,
+transposed or any), the K loop is pipelined (``num_stages``), and loads are vectorized
+where the layout allows (below).
 
-**The metadata** (list form): one int64 table, one row per problem: ``[tile_end, M, N,
-K, address of each tensor, each tensor's strides]``, where ``tile_end`` is the running
-sum of tile counts.  The host builds it from Python ints (sizes, strides and
-``data_ptr()`` need no device sync), copies it to the device in one transfer from
-pinned memory (``non_blocking``), and keeps it in a small cache keyed by its content, so
-a call with the same tensors (or others at the same addresses with the same shapes)
-copies nothing.  Strides and addresses loaded from memory are unknown to the compiler,
-so the host also passes constexprs that say what holds in every problem: ``X_UNIT``,
-the axis of ``X`` whose stride is 1 (-1: none), and ``ALIGNED``: addresses are 16-byte
-aligned and the other strides, N and K are multiples of 16 bytes; the kernel then gives
-``tl.multiple_of`` hints, the same facts Triton's argument specialization gives the
-tiled GEMM.  Without them, loads are element by element (tutorial 08's ``tl.multiple_of``
-calls discard their result).
+**The metadata** (list form): one int64 table, the G tile ends, then a row per problem:
+``[M, N, K, address of each tensor, each tensor's strides]``.  The host builds it from
+Python ints (sizes, strides and ``data_ptr()`` need no device sync), copies it to the
+device in one transfer from pinned memory (``non_blocking``), and keeps it in a small
+cache keyed by its content, so a call with the same tensors (or others at the same
+addresses with the same shapes) copies nothing.  Strides and addresses loaded from
+memory are unknown to the compiler, so the host also passes constexprs that say what
+holds in every problem: ``X_UNIT``, the axis of ``X`` whose stride is 1 (-1: none), and
+``ALIGNED``: addresses are 16-byte aligned and the other strides, N and K multiples of
+16 bytes; the kernel then gives ``tl.multiple_of`` hints, the facts Triton's argument
+specialization gives the tiled GEMM (checked in the PTX for sm_90: 16-byte ``cp.async``
+copies, pipelined, and ``wgmma``; without the hints, loads are element by element and
+nothing is pipelined, which is tutorial 08's state: its ``tl.multiple_of`` calls discard
+their result).
+
+**TMA** (configs with ``"TMA": True``, 16-bit operands read as they are; Hopper): the
+list kernel makes the operands' descriptors on the device per tile
+(``tl.make_tensor_descriptor``, scratch memory from Triton's allocator: the host sets a
+torch one when none is set), the MoE kernel takes host descriptors over ``A [T, K]`` and
+``B [G, K, N]`` (3-D: zeros past each problem's K).  Where TMA cannot read the operands
+(no contiguous axis, unaligned, a column-major MoE ``A`` whose row offsets would start
+loads off 16-byte boundaries, a GPU before Hopper) the host runs the pointer kernel
+with the same tiles.
 
 **The MoE form** (issue item 3).  ``kernel.moe(A, B, offs=offs)``: the problems' rows of
 ``A`` are stacked in one ``[T, K]`` tensor, problem ``g`` owning rows ``offs[g - 1]``
@@ -41,20 +53,25 @@ serves both layouts: each list parameter is *ragged* (its per-problem shape star
 the matmul's M: its problems' rows are stacked, ``[T, ...]``) or *stacked* (no M: one
 ``[G, ...]`` tensor), and outputs are ragged.  So ``gelu(X @ W + b)`` with ``b:
 [f16[N]]`` takes ``b`` as ``[G, N]``, a per-row scale ``[f32[M, 1]]`` as ``[T, 1]``.
-``offs`` stays on the device (int32 or int64, or a Python list): the kernel reads it
-and computes the same schedule on the fly (``G`` extra loop steps per program), so no
-sync; ends are clamped to ``[previous end, T]``, and rows past ``offs[-1]`` are not
-written.  The generated module's ``<name>_moe`` is that host function.  A headerless
-kernel decides per argument: rank-3 tensors are stacked; a rank-2 tensor is ragged when
-it has as many rows as the first input, else stacked (an error when T == G).
+``offs`` stays on the device (int32 or int64, or a Python list): each program reads it
+and computes the same schedule (tile counts summed with ``tl.cumsum``), so no sync;
+ends are clamped to ``[previous end, T]`` (out-of-range offsets cannot reach outside A
+or C), and rows past ``offs[-1]`` are not written.  The generated module's
+``<name>_moe`` is that host function.  A headerless kernel decides per argument: rank-3
+tensors are stacked; a rank-2 tensor is ragged when it has as many rows as the first
+2-D input, else stacked (an error when T == G); rank 0 or 1, stacked.
 
 **Tuning**: configs add ``programs_per_sm`` to the GEMM keys.  The key is the group's
 signature, not its exact sizes (a MoE layer's sizes change every step): the dtype, G,
 the powers of two above the largest M, N and K and above the mean output tile area, the
 power of two nearest the total M*N*K, and the operands' layouts; cached on disk by
 ``kgen/autotune.py`` as for the GEMM.  Without tuning (the interpreter, ``KGEN_AUTOTUNE=0``)
-a heuristic picks tiles from the output elements per SM.  The Hopper TMA variant of the
-tiled GEMM has no grouped counterpart yet.
+a heuristic picks tiles from the output elements per SM (never TMA).
+
+Limits: per-problem operands are 2-D (no batch axis inside a problem); every tensor
+parameter of a grouped kernel is a list (one problem each), scalars are shared; G is
+bounded by what a ``G_BLOCK`` vector holds in registers (thousands); the metadata cache
+is keyed by addresses, so it is not meant for CUDA graph capture.
 """
 from __future__ import annotations
 
