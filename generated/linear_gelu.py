@@ -200,21 +200,16 @@ def linear_gelu_tma_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr, NUM_SMS: tl.constexpr, INT64: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for Hopper: NUM_SMS persistent programs walk the tiles; TMA
     # loads the operands (zeros past every edge: nothing to mask until the store).
     # A_T / B_T: the descriptor is over the operand's transpose (its columns are contiguous).
-    # WARP_SPECIALIZE: producer warps issue the TMA loads, the others run the dots and the epilogue.
-    # EPILOGUE_SUBTILE: the epilogue on two BLOCK_M x BLOCK_N / 2 halves of the tile (fewer live registers).
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter, as in Triton tutorial 09
-    # (on Hopper, warp specialization takes the tile loop as it is: not flattened with the K loop)
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=not WARP_SPECIALIZE,
-                            warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
         pid_m, pid_n = linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -230,31 +225,16 @@ def linear_gelu_tma_kernel(
         tile_id_c += NUM_SMS
         pid_m, pid_n = linear_gelu_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT64:  # offsets past 2**31 elements
             offs_m = offs_m.to(tl.int64)
-        if EPILOGUE_SUBTILE:
-            acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            for half in tl.static_range(2):
-                acc = acc_lo if half == 0 else acc_hi
-                offs_n = pid_n * BLOCK_N + half * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                if INT64:
-                    offs_n = offs_n.to(tl.int64)
-                # the epilogue, on the f32 accumulator
-                mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-                b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
-                # Y = gelu(X @ W + b)
-                Y = gelu(acc + b)
-                tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
-        else:
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            if INT64:
-                offs_n = offs_n.to(tl.int64)
-            # the epilogue, on the f32 accumulator
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
-            # Y = gelu(X @ W + b)
-            Y = gelu(acc + b)
-            tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
+            offs_n = offs_n.to(tl.int64)
+        # the epilogue, on the f32 accumulator
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        b = tl.load(b_ptr + offs_n * b_stride0, mask=offs_n < N).to(tl.float32)
+        # Y = gelu(X @ W + b)
+        Y = gelu(acc + b)
+        tl.store(Y_ptr + offs_m[:, None] * Y_stride0 + offs_n[None, :] * Y_stride1, Y.to(tl.float16), mask=mask)
 
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).
@@ -289,10 +269,6 @@ linear_gelu_configs = [
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True},
     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "TMA": True, "WS": True},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True, "WS": True},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "TMA": True, "WS": True},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True, "WS": True, "SUBTILE": True},
 ]
 
 
@@ -382,7 +358,6 @@ def linear_gelu(X, W, b, *, out=None, config=None):
                 b.stride(0),
                 Y.stride(0), Y.stride(1),
                 A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(X, W, b, Y),
-                WARP_SPECIALIZE=config.get("WS", False), EPILOGUE_SUBTILE=config.get("SUBTILE", False),
                 **persistent,
             )
             return Y

@@ -357,16 +357,17 @@ def test_tma_falls_back_where_it_cannot_read():
 def test_warp_specialized_and_subtiled_epilogue(m, k, n, a_t, b_t, subtile):
     """The persistent kernel's WARP_SPECIALIZE and EPILOGUE_SUBTILE flags (Triton's interpreter
     takes warp_specialize and runs the loop as it is): same results, halves past N masked."""
-    text = "C = gelu(A @ W + b)"
+    ws = "[0, 1]" if gemm.has_warp_specialize() else "0"    # not default candidates: a schedule asks
+    text = ("kernel c(A: f16[M, K], W: f16[K, N], b: f32[N]) -> C: f16[M, N] {\n  C = gelu(A @ W + b)\n}\n"
+            f"schedule c {{\n  TMA = 1\n  WS = {ws}\n  SUBTILE = [0, 1]\n}}\n")
     a, w, bias = randn(m, k, dtype=torch.float16, transposed=a_t), randn(k, n, dtype=torch.float16, transposed=b_t), \
         randn(n)
     kernel = compiled(text)
-    kernel(a, w, bias)
-    module = kernel._last.module
+    module = kernel.module
     assert "WARP_SPECIALIZE" in kernel.source if gemm.has_warp_specialize() else "warp_specialize" not in kernel.source
     config = {**tma_config(16, 32, 16, 1), "WS": gemm.has_warp_specialize(), "SUBTILE": subtile}
     with watching(module, "c_tma_kernel", "c_kernel") as (tma, tiled):
-        got = getattr(module, kernel._last.name)(a, w, bias, config=config)
+        got = module.c(a, w, bias, config=config)
     aligned = (m if a_t else k) % 8 == 0 and (k if b_t else n) % 8 == 0
     assert (tma.count, tiled.count) == ((1, 0) if aligned else (0, 1))      # the tiled kernel ignores the flags
     assert_close(got, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
@@ -499,9 +500,8 @@ def test_schedule_lists_are_candidates():
     assert [tuple(c.values()) for c in configs if "SPLIT_K" in c] == list(gemm.SPLIT_K_CANDIDATES_16)
     assert [tuple(c.values())[:6] for c in configs if c.get("TMA") and not c.get("WS")] == \
         list(gemm.TMA_CANDIDATES_16)
-    assert [tuple(c.values())[:6] + (bool(c.get("SUBTILE")),) for c in configs if c.get("WS")] == \
-        (list(gemm.WS_CANDIDATES_16) if gemm.has_warp_specialize() else [])
-    assert default_plan.split_k and default_plan.ws == gemm.has_warp_specialize()
+    assert not any(c.get("WS") for c in configs)      # measured slower than plain TMA on an H200
+    assert default_plan.split_k and not default_plan.ws
     assert not kir_plan.split_k and not kir_plan.ws and not kir_plan.subtile     # the spec's list has neither
     batched = generate("kernel g(A: f16[B, M, K], W: f16[K, N]) -> C: f16[B, M, N] {\n  C = A @ W\n}\n").plans[0]
     assert not batched.tma and not any(c.get("TMA") for c in batched.tuning.configs)
