@@ -27,18 +27,19 @@ os.environ["KGEN_CACHE_DIR"] = _CACHE
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (bf16 arithmetic, large tensors)")
+    config.addinivalue_line("markers", "slow: long runs, only with pytest -m slow")
     # the interpreter computes masked-off lanes too (and NaN/inf cases on purpose): numpy's
     # warnings about them are noise; results are checked against the reference
     config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    slow_asked = "slow" in (config.getoption("-m") or "")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "slow" in item.keywords and not slow_asked:
+            item.add_marker(pytest.mark.skip(reason="long run: pytest -m slow"))
 
 
 def pytest_unconfigure(config):

@@ -103,6 +103,18 @@ def test_truncated_specs(text, data):
     assert_kernel_or_kgen_error(text[:data.draw(st.integers(0, len(text)))])
 
 
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(VALID), st.data())
+def test_long_fuzz(text, data):
+    """``pytest -m slow``: ten thousand mutated and truncated specs."""
+    chars = list(text)
+    for _ in range(data.draw(st.integers(1, 8))):
+        i = data.draw(st.integers(0, len(chars)))
+        chars.insert(i, data.draw(st.sampled_from(TOKENS + list("()[]{}#;\r\x00é"))))
+    assert_kernel_or_kgen_error("".join(chars)[:data.draw(st.integers(0, len(chars)))])
+
+
 @pytest.mark.parametrize("text", [
     "", "\n\n", "# only a comment", "Y = " + "(" * 5000 + "X" + ")" * 5000, "Y = " + " + ".join(["X"] * 3000),
     "Y = " + "-" * 3000 + "X", "Y = " + "9" * 400, "Y = 1e999 * X", "Y = X ** 1e308 ** 2",
