@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 import kgen
 from kgen.reference import evaluate
@@ -63,6 +64,9 @@ def as_tuple(result):
 
 
 # Eager PyTorch for the language's statements: dtypes and shapes must agree with it.
+# Functions of several operands promote them in one step, over tensors and Python
+# numbers alike, as torch's own elementwise ops do (torch._prims_common has the rule);
+# kgen has no i64, so torch's int64 for Python ints reads as i32.
 def _t(x):
     return x if isinstance(x, torch.Tensor) else torch.tensor(x)
 
@@ -73,6 +77,34 @@ def _f(x):
     return x if x.dtype.is_floating_point else x.float()
 
 
+def _promoted(*values) -> torch.dtype:
+    dtype = elementwise_dtypes(*(v for v in values if v is not None),
+                               type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+    return torch.int32 if dtype == torch.int64 else dtype
+
+
+def _as(v, dtype):
+    return None if v is None else _t(v).to(dtype)
+
+
+def _clamp(x, lo=None, hi=None):
+    dtype = _promoted(x, lo, hi)
+    return torch.clamp(_as(x, dtype), _as(lo, dtype), _as(hi, dtype))
+
+
+def _binary(fn):
+    def apply(a, b):
+        dtype = _promoted(a, b)
+        return fn(_as(a, dtype), _as(b, dtype))
+    return apply
+
+
+def _leaky_relu(x, alpha=0.01):
+    dtype = _promoted(x, alpha)
+    x, alpha = _as(x, dtype), _as(alpha, dtype)
+    return torch.where(x >= 0, x, x * alpha)
+
+
 EAGER = {
     "exp": lambda x: torch.exp(_t(x)), "exp2": lambda x: torch.exp2(_t(x)), "log": lambda x: torch.log(_t(x)),
     "log2": lambda x: torch.log2(_t(x)), "sqrt": lambda x: torch.sqrt(_t(x)), "rsqrt": lambda x: torch.rsqrt(_t(x)),
@@ -80,36 +112,14 @@ EAGER = {
     "tanh": lambda x: torch.tanh(_t(x)), "sigmoid": lambda x: torch.sigmoid(_t(x)),
     "relu": lambda x: torch.relu(_t(x)), "gelu": lambda x: F.gelu(_f(x)),
     "gelu_tanh": lambda x: F.gelu(_f(x), approximate="tanh"), "silu": lambda x: F.silu(_f(x)),
-    "softplus": lambda x: F.softplus(_f(x)),
-    "leaky_relu": lambda x, alpha=0.01: _leaky_relu(_like(x, alpha) if isinstance(alpha, torch.Tensor) else _t(x), alpha),
-    "maximum": lambda a, b: torch.maximum(*_pair(a, b)),
-    "minimum": lambda a, b: torch.minimum(*_pair(a, b)),
-    "where": lambda c, a, b: torch.where(_t(c), a, b),
-    "clamp": lambda x, lo=None, hi=None: _clamp(x, lo, hi),
+    "softplus": lambda x: F.softplus(_f(x)), "leaky_relu": _leaky_relu,
+    "maximum": _binary(torch.maximum), "minimum": _binary(torch.minimum),
+    "where": lambda c, a, b: torch.where(_t(c), *(_as(v, _promoted(a, b)) for v in (a, b))),
+    "clamp": _clamp,
     "f16": lambda x: _t(x).to(torch.float16), "f32": lambda x: _t(x).to(torch.float32),
     "bf16": lambda x: _t(x).to(torch.bfloat16), "i32": lambda x: _t(x).to(torch.int32),
     "bool": lambda x: _t(x).to(torch.bool),
 }
-
-
-def _leaky_relu(x, alpha):
-    return torch.where(x >= 0, x, x * alpha)
-
-
-def _like(v, t: torch.Tensor) -> torch.Tensor:
-    """A Python number as a 0-dim tensor that promotes as the number would next to ``t``."""
-    if isinstance(v, torch.Tensor):
-        return v
-    return torch.tensor(v, dtype=t.dtype if t.dtype.is_floating_point or isinstance(v, int) else torch.float32)
-
-
-def _clamp(x, lo, hi):
-    """torch.clamp takes a tensor and two numbers or two tensors, not one of each."""
-    if not isinstance(x, torch.Tensor):
-        x = _like(x, next(b for b in (lo, hi) if isinstance(b, torch.Tensor)))
-    if isinstance(lo, torch.Tensor) != isinstance(hi, torch.Tensor) and lo is not None and hi is not None:
-        lo, hi = _like(lo, x), _like(hi, x)
-    return torch.clamp(x, lo, hi)
 
 
 def _weak(fn):
@@ -117,16 +127,11 @@ def _weak(fn):
     torch's promotion (``abs(0.5) * A`` keeps A's dtype), as kgen's literals do."""
     def apply(*args, **kwargs):
         if any(isinstance(v, torch.Tensor) for v in (*args, *kwargs.values())):
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return result.to(torch.int32) if result.dtype == torch.int64 else result
         number = lambda v: torch.tensor(v, dtype=torch.float64 if isinstance(v, float) else None)  # noqa: E731
         return fn(*map(number, args), **{k: number(v) for k, v in kwargs.items()}).item()
     return apply
-
-
-def _pair(a, b):
-    """torch.maximum wants tensors."""
-    a = _like(a, b) if isinstance(b, torch.Tensor) else _t(a)
-    return a, _like(b, a)
 
 
 def eager(text: str, args: dict) -> dict:
