@@ -89,7 +89,10 @@ def _as(v, dtype):
 
 def _clamp(x, lo=None, hi=None):
     dtype = _promoted(x, lo, hi)
-    return torch.clamp(_as(x, dtype), _as(lo, dtype), _as(hi, dtype))
+    values = [_as(v, dtype) for v in (x, lo, hi)]
+    # torch.clamp takes its bounds on the input's device; Python numbers become CPU tensors
+    device = next((v.device for v in values if v is not None and v.device.type != "cpu"), torch.device("cpu"))
+    return torch.clamp(*(None if v is None else v.to(device) for v in values))
 
 
 def _binary(fn):
@@ -122,6 +125,9 @@ EAGER = {
 }
 
 
+CASTS = ("f16", "f32", "bf16", "i32", "bool")
+
+
 def _weak(fn):
     """Math on Python numbers alone gives a Python number, as in Python: it stays weak in
     torch's promotion (``abs(0.5) * A`` keeps A's dtype), as kgen's literals do."""
@@ -136,7 +142,8 @@ def _weak(fn):
 
 def eager(text: str, args: dict) -> dict:
     """Run the statements as Python over torch (the language is Python's expression syntax)."""
-    env = {name: _weak(fn) for name, fn in EAGER.items()}
+    # a cast makes a typed 0-dim tensor, as torch.tensor(x, dtype=...) does, even of a number
+    env = {name: fn if name in CASTS else _weak(fn) for name, fn in EAGER.items()}
     env.update(args)
     for stmt in re.split(r"[;\n]", text):
         if stmt.strip():
