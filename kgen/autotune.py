@@ -147,7 +147,7 @@ class Tuner:
         self.last: dict | None = None    # the config of the last tuned call (None: the heuristic)
         self._lock = threading.Lock()
         # KGEN_AUTOTUNE is read once, when the kernel is compiled: the per-call path stays short
-        self.active = len(tuning.configs) >= 2 and enabled()
+        self.active = len(tuning.configs) >= 2 and (force or enabled())
 
     def choose(self, args, kwargs) -> dict | None:
         """The config for this call, or None for the host function's own heuristic."""

@@ -4,6 +4,7 @@
   or write the user's ``~/.cache/kgen`` and start from an empty module cache.
 * Without CUDA, ``TRITON_INTERPRET=1`` is set before anything imports a generated
   module, so ``@triton.jit`` functions are built for Triton's interpreter.
+* On a GPU, ``KGEN_AUTOTUNE=0``: no test times candidate configs for real.
 * Tests marked ``gpu`` (declared in pyproject.toml) are skipped where there is no
   CUDA device: bf16 arithmetic and tensors past 2**31 elements live there.
 """
@@ -21,6 +22,10 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
+else:
+    # Tests check results, not speed: kernels run their heuristic configs, and the tuner's
+    # own tests drive it with fake clocks (force=True).
+    os.environ["KGEN_AUTOTUNE"] = "0"
 _CACHE = tempfile.mkdtemp(prefix="kgen-test-cache-")
 os.environ["KGEN_CACHE_DIR"] = _CACHE
 

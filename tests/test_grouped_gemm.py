@@ -55,6 +55,8 @@ def bound(a, b):
 def assert_close(got, want, err_bound, factor=1.0, precision="ieee"):
     assert got.shape == want.shape, (got.shape, want.shape)
     want = want.double()
+    if precision == "ieee" and got.is_cuda:
+        precision = "tf32"      # on a GPU, f32 operands run on TF32 tensor cores
     diff = (got.double() - want).abs()
     tol = RTOL[got.dtype] * want.abs() + ACC_EPS[precision] * err_bound * factor + 1e-6
     bad = diff > tol
