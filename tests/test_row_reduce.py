@@ -203,8 +203,9 @@ def test_rmsnorm(case, dtype, layout, values):
     kernel, args, (Y,), expected = run_spec("rmsnorm", case, dtype, layout, values, extra=("W",))
     check_reference(kernel, (Y,), expected, case[3])
     eps = next(p.default for p in kernel.ir.params if p.name == "eps")
-    X, W = args["X"].double(), args["W"].double()
-    assert_matches(Y, F.rms_norm(X, (case[3],), W, eps), case[3], "rmsnorm vs F.rms_norm")
+    # torch's CPU kernel: its CUDA kernel differs from the formula (and from CPU) on inf rows
+    X, W = args["X"].double().cpu(), args["W"].double().cpu()
+    assert_matches(Y, F.rms_norm(X, (case[3],), W, eps).to(Y.device), case[3], "rmsnorm vs F.rms_norm")
 
 
 @pytest.mark.gpu
