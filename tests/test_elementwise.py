@@ -476,7 +476,7 @@ BINARY_SPECS = {
     "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,
     "minimum(X, Y)": torch.minimum, "where(X > Y, X, Y)": lambda x, y: torch.where(x > y, x, y),
     "leaky_relu(X, Y)": lambda x, y: torch.where(x >= 0, x, x * y), "clamp(X, Y, 1)": lambda x, y: torch.clamp(
-        torch.clamp(x, min=y), max=torch.tensor(1.0, dtype=x.dtype)),
+        torch.clamp(x, min=y), max=torch.tensor(1.0, dtype=x.dtype, device=x.device)),
     "X < Y": torch.lt, "X <= Y": torch.le, "X > Y": torch.gt, "X >= Y": torch.ge, "X == Y": torch.eq,
     "X != Y": torch.ne,
 }

@@ -236,7 +236,7 @@ def test_out_lists_and_several_outputs():
     c, d = k(a, b, out=out)
     assert all(x is y for x, y in zip(c + d, out[0] + out[1]))
     assert_group_close(c, [torch.relu(x.double() @ y.double()) for x, y in zip(a, b)], a, b)
-    assert_group_close(d, [2 * (x.double() @ y.double()) for x, y in zip(a, b)], a, b)
+    assert_group_close(d, [2 * (x.double() @ y.double()) for x, y in zip(a, b)], a, b, factor=2.0)
 
 
 def test_outputs_of_one_width_share_an_allocation_and_others_are_aligned():
@@ -256,7 +256,7 @@ def table_of(k, a, b):
     c = k(a, b)
     module = k._last.module
     sizes = [t.shape[0] for t in a], [t.shape[1] for t in b], [t.shape[1] for t in a]
-    config = module._c_config(*sizes, torch.device(DEVICE))
+    config = module._c_config(*sizes, torch.device("cpu"))       # the small tiles the counts below assume
     table = lambda: module._group_table(torch.device(DEVICE), *sizes, (("A", a), ("B", b), ("C", c)),  # noqa: E731
                                         config, 8)
     return module, table(), table()
@@ -618,7 +618,7 @@ def test_tuner_times_group_configs_and_keeps_them_on_disk(cache, form):
     tuner = make()
     config = tuner.choose(args, kwargs)
     assert config == CONFIGS[1] and len(calls) == 3
-    assert len(list((cache / "autotune").rglob("*.json"))) == 1
+    assert len(list((cache / "autotune" / "fake-gpu").rglob("*.json"))) == 1
     assert make().choose(args, kwargs) == CONFIGS[1] and len(calls) == 3      # from disk
     got = host(*args, **kwargs, config=config)
     if form == "lists":
