@@ -106,8 +106,9 @@ def type_str(dtype: DType, shape: Shape | None) -> str:
     return f"{dtype.name}[{', '.join(str(d) for d in shape)}]"
 
 
-def topo_order(roots) -> list[Node]:
-    """Nodes reachable from ``roots``, each after its inputs (iterative, no recursion limit)."""
+def topo_order(roots, stop=frozenset()) -> list[Node]:
+    """Nodes reachable from ``roots``, each after its inputs (iterative, no recursion limit);
+    the inputs of a node whose id is in ``stop`` are not followed."""
     order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
     while stack:
         node, expanded = stack.pop()
@@ -118,7 +119,8 @@ def topo_order(roots) -> list[Node]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        stack.extend((i, False) for i in reversed(node.inputs) if id(i) not in seen)
+        if id(node) not in stop:
+            stack.extend((i, False) for i in reversed(node.inputs) if id(i) not in seen)
     return order
 
 

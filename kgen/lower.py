@@ -194,16 +194,4 @@ def live_nodes(roots, names: dict[int, str]) -> list[Node]:
     """The nodes that computing ``roots`` needs, each after its inputs, stopping at named
     nodes: a named value is at hand, so what it was computed from is not needed again
     (a pattern that names a reduction or a dot must not recompute its operands)."""
-    order, seen, stack = [], set(), [(r, False) for r in reversed(list(roots))]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if id(node) not in names:
-            stack.extend((i, False) for i in reversed(node.inputs) if id(i) not in seen)
-    return order
+    return topo_order(roots, stop=names.keys())

@@ -101,6 +101,7 @@ class Kernel:
         self.inputs = tuple(p.name for p in kir.params)
         self.outputs = tuple(o.name for o in kir.outputs)
         self._host = getattr(self.module, kir.name)
+        self._signature = f"{kir.name}({', '.join(self.inputs)})"
         self._argument_error = self.module.ArgumentError
         tuning = getattr(plan, "tuning", None)     # patterns with configs to time (gemm)
         self._tuner = None
@@ -117,18 +118,21 @@ class Kernel:
             self._moe_tuner = Tuner(self._moe_host, moe_tuning, self.source, f"{kir.name}_moe")
 
     def __call__(self, *args, **kwargs):
+        return self._run(self._host, self._tuner, self.name, self._signature, args, kwargs)
+
+    def _run(self, host, tuner, label: str, signature: str, args, kwargs):
+        """Call a generated host function with the tuner's config; its argument errors
+        (and a call that does not bind) come back as CallError."""
         try:
-            if self._tuner is None:
-                return self._host(*args, **kwargs)
-            config = self._tuner.choose(args, kwargs)
+            config = None if tuner is None else tuner.choose(args, kwargs)
             if config is None:
-                return self._host(*args, **kwargs)
-            return self._host(*args, config=config, **kwargs)
+                return host(*args, **kwargs)
+            return host(*args, config=config, **kwargs)
         except self._argument_error as e:
-            raise CallError(f"{self.name}: {e}") from None
+            raise CallError(f"{label}: {e}") from None
         except TypeError as e:
             if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
-                raise CallError(f"{self.name}({', '.join(self.inputs)}): {e}") from None
+                raise CallError(f"{signature}: {e}") from None
             raise
 
     def moe(self, *args, offs, **kwargs):
@@ -139,17 +143,8 @@ class Kernel:
         if self._moe_host is None:
             raise CallError(f"{self.name}: no MoE form: {self._moe_why}")
         kwargs["offs"] = offs
-        try:
-            config = self._moe_tuner.choose(args, kwargs) if self._moe_tuner is not None else None
-            if config is None:
-                return self._moe_host(*args, **kwargs)
-            return self._moe_host(*args, config=config, **kwargs)
-        except self._argument_error as e:
-            raise CallError(f"{self.name}.moe: {e}") from None
-        except TypeError as e:
-            if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
-                raise CallError(f"{self.name}.moe({', '.join(self.inputs)}, *, offs): {e}") from None
-            raise
+        return self._run(self._moe_host, self._moe_tuner, f"{self.name}.moe",
+                         f"{self.name}.moe({', '.join(self.inputs)}, *, offs)", args, kwargs)
 
     def __repr__(self) -> str:
         return f"<kgen.Kernel {self.name}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.pattern}>"

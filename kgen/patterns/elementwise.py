@@ -183,11 +183,12 @@ def _schedule(kir: KernelIR):
     return DEFAULT_BLOCKS, tuple((b, w) for b in block for w in warps)
 
 
-def coordinates(rank: int) -> tuple[str, ...]:
-    """Lines that split the element index ``offs`` into coordinates of the output."""
+def coordinates(rank: int, index: str = "offs") -> tuple[str, ...]:
+    """Lines that split a flat ``index`` into coordinates ``idx0 ... idx{rank-1}`` of a
+    shape whose sizes past the first are ``size1 ...`` (row reductions split ``row``)."""
     if rank <= 1:
-        return ("idx0 = offs",) if rank else ()
-    lines, rest = [], "offs"
+        return (f"idx0 = {index}",) if rank else ()
+    lines, rest = [], index
     for axis in range(rank - 1, 0, -1):
         lines.append(f"idx{axis} = {rest} % size{axis}")
         nxt = "rem" if axis > 1 else "idx0"

@@ -343,7 +343,8 @@ class _Planner:
             stride_values=tuple(f"{o.name}.stride({axis})" for o in operands for axis in o.strides),
             tensors=tuple(o.name for o in operands),
             rows=" * ".join(str(d) for d in self.lead) or "1", cols=str(self.width),
-            coordinates=_coordinates(len(self.lead)),
+            # a 2-D operand's row coordinate is `row` itself
+            coordinates=elementwise.coordinates(len(self.lead), "row") if len(self.lead) > 1 else (),
             hoisted=tuple(single_hoisted),
             tile_loads=tuple(o.load() for o in inputs if o.rows),
             body=tuple(body),
@@ -501,20 +502,6 @@ def _reduce(r: Node, x: str) -> str:
         return f"tl.reduce(tl.where(mask, {x}, {identity}), 1, {r.op.value}_combine, keep_dims=True)"
     identity = I32_MIN if r.op is Op.MAX else I32_MAX
     return f"tl.{r.op.value}(tl.where(mask, {x}, {identity}), axis=1, keep_dims=True)"
-
-
-def _coordinates(lead_rank: int) -> tuple[str, ...]:
-    """Lines that split the row index into leading coordinates (rank > 2 only: a 2-D
-    operand's row coordinate is ``row`` itself)."""
-    if lead_rank <= 1:
-        return ()
-    lines, rest = [], "row"
-    for axis in range(lead_rank - 1, 0, -1):
-        lines.append(f"idx{axis} = {rest} % size{axis}")
-        nxt = "rem" if axis > 1 else "idx0"
-        lines.append(f"{nxt} = {rest} // size{axis}")
-        rest = "rem"
-    return tuple(lines)
 
 
 def _load_cast(dtype) -> str:
