@@ -644,9 +644,8 @@ def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
     assert len(json.loads(files[0].read_text())["entries"]) == 2
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign device", "foreign source", "foreign triton",
-                                    "unknown config", "wrong type"])
-def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
+def planted(cache):
+    """A tuned kernel whose disk cache has its entry replaced by CONFIGS[3] (not yet written)."""
     kernel, args = tuned_host()
     times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
     make_tuner(kernel, fake_clock(times, [])).choose(args, {})
@@ -654,6 +653,13 @@ def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
     data = json.loads(path.read_text())
     key = next(iter(data["entries"]))
     data["entries"][key]["config"] = dict(CONFIGS[3])      # a planted choice: used only if trusted
+    return kernel, args, times, path, data, key
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign device", "foreign source", "foreign triton",
+                                    "unknown config", "wrong type"])
+def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
+    kernel, args, times, path, data, key = planted(cache)
     if damage == "garbage":
         path.write_text("\x00not json{")
     elif damage == "truncated":
@@ -679,13 +685,7 @@ def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
 
 def test_trusted_cache_entry_is_used(cache):
     """The control for the test above: an intact planted entry is believed."""
-    kernel, args = tuned_host()
-    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
-    make_tuner(kernel, fake_clock(times, [])).choose(args, {})
-    (path,) = (cache / "autotune" / "fake-gpu").rglob("*.json")
-    data = json.loads(path.read_text())
-    key = next(iter(data["entries"]))
-    data["entries"][key]["config"] = dict(CONFIGS[3])
+    kernel, args, times, path, data, key = planted(cache)
     path.write_text(json.dumps(data))
     calls = []
     assert make_tuner(kernel, fake_clock(times, calls)).choose(args, {}) == CONFIGS[3]

@@ -233,6 +233,12 @@ class GemmPlan:
     pattern: str = "gemm"
     template: str = "gemm.jinja"
 
+    @property
+    def tma_flags(self) -> str:
+        """The persistent launch's optional flags, read from the config ("" when neither exists)."""
+        return " ".join(flag for flag, on in (('WARP_SPECIALIZE=config.get("WS", False),', self.ws),
+                                               ('EPILOGUE_SUBTILE=config.get("SUBTILE", False),', self.subtile)) if on)
+
 
 @dataclass(frozen=True)
 class Lowered:
