@@ -162,7 +162,8 @@ def _group_outputs(out, device, G, *specs):
             widths = {n for _, n in shapes}
             if len(widths) == 1:  # one N: the problems' rows, one after another
                 rows = [m for m, _ in shapes]
-                results.append(list(torch.empty((sum(rows), widths.pop()), dtype=dtype, device=device).split(rows)))
+                stacked = torch.empty((sum(rows), widths.pop()), dtype=dtype, device=device)
+                results.append(list(stacked.split_with_sizes(rows)))
                 continue
             pad = max(1, 128 // dtype.itemsize)
             starts, total = [], 0
@@ -195,7 +196,7 @@ def _group_outputs(out, device, G, *specs):
     return [list(values) for values in given]
 
 
-# (device, tiles, vector width, the rows) -> (table on the device, number of tiles, layout constexprs)
+# (device, tiles, vector width, sizes, addresses, strides) -> (table on the device, tiles, layout constexprs)
 _GROUP_TABLES = {}
 
 
@@ -208,22 +209,20 @@ def _group_table(device, M, N, K, tensors, config, vector):
     (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64, and
     G_BLOCK (the kernel holds the tile ends in a vector of G_BLOCK >= G)."""
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
-    ends, tiles = [], 0
-    for count in counts:
-        tiles += count
-        ends.append(tiles)
-    columns, addresses, strides = [M, N, K], [], []
-    for _, values in tensors:
-        addresses.append([t.data_ptr() for t in values])
-        strides.append([t.stride() for t in values])
-    columns += addresses
-    for per_tensor in strides:
-        columns += zip(*per_tensor)
-    rows = ends + [x for row in zip(*columns) for x in row]
-    key = (device, block_m, block_n, block_k, vector, *rows)
+    addresses = [tuple(map(torch.Tensor.data_ptr, values)) for _, values in tensors]
+    strides = [tuple(map(torch.Tensor.stride, values)) for _, values in tensors]
+    key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), *addresses, *strides)
     cached = _GROUP_TABLES.get(key)
     if cached is None:
+        counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
+        ends, tiles = [], 0
+        for count in counts:
+            tiles += count
+            ends.append(tiles)
+        columns = [M, N, K, *addresses]
+        for per_tensor in strides:
+            columns += zip(*per_tensor)
+        rows = ends + [x for row in zip(*columns) for x in row]
         live = [i for i, count in enumerate(counts) if count]
         aligned = all(N[i] % vector == 0 and K[i] % vector == 0 for i in live)
         layout, used, reach = {}, [], 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -231,11 +232,19 @@ def bench(args) -> int:
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA GPU (use kgen run to check results on the interpreter)")
     from triton.testing import do_bench
+    time_it = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
+    if args.path is None and args.suite is None:
+        raise KgenError("kgen bench: give a spec to time, or --suite NAME")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
+    if args.suite is not None:
+        from .suites import run
+        table = run(args.suite, args.rounds, time_it)
+        if args.json:
+            args.json.write_text(json.dumps(table, indent=1))
+        return 0
     dtype = _dtype_arg(args.dtype)
     kernels = _single_kernel(args.path, dtype)
     rows: list[Row] = []
-    time_it = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
     for kernel in kernels:
         points = [parse_shape(s) for s in args.shape] or SWEEPS.get(kernel.pattern, [{}])
         eager = _baseline(kernel.ir)
@@ -249,15 +258,15 @@ def bench(args) -> int:
             outs = _outputs_tuple(kernel(*ordered))
             flops = _flops(kernel.ir, inputs)
             moved = _bytes(inputs.values()) + _bytes(outs)
-            t_kgen = time_it(lambda: kernel(*ordered))
-            t_eager = time_it(lambda: eager(*ordered))
-            t_comp = None
+            timed = {"kgen": lambda: kernel(*ordered), "eager": lambda: eager(*ordered)}
             if compiled is not None:
                 try:
                     compiled(*ordered)
-                    t_comp = time_it(lambda: compiled(*ordered))
+                    timed["compile"] = lambda: compiled(*ordered)
                 except Exception as e:  # a baseline that fails to compile is reported, not fatal
                     print(f"  torch.compile failed: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
+            times = interleaved(timed, args.rounds, time_it)
+            t_kgen, t_eager, t_comp = times["kgen"], times["eager"], times.get("compile")
             unit, work = ("TFLOP/s", flops / 1e12) if flops else ("GB/s", moved / 1e9)
             rate = lambda us: work / (us * 1e-6) if us else None  # noqa: E731
             label = ",".join(f"{k}={v}" for k, v in sizes.items())
@@ -276,6 +285,17 @@ def bench(args) -> int:
     if args.plot:
         _plot(rows, args.plot)
     return 0
+
+
+def interleaved(fns: dict, rounds: int, time_it) -> dict[str, float]:
+    """Each function's median time over ``rounds`` rounds that time every function once in
+    turn: a clock or temperature drift during the run moves all of them alike instead of
+    favouring whichever ran first."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(max(1, rounds)):
+        for name, fn in fns.items():
+            times[name].append(time_it(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _baseline(kir: KernelIR):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from .errors import KgenError
 
+SUITE_NAMES = ("gemm", "grouped", "linear", "norms", "softmax")   # kgen/suites.py (imported on use: torch)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kgen", description="Write fast Triton kernels from a few lines of math.")
@@ -29,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=0)
 
     n = sub.add_parser("bench", help="time against torch eager and torch.compile on the GPU")
-    n.add_argument("path", type=Path)
+    n.add_argument("path", type=Path, nargs="?", help="a spec (or give --suite)")
+    n.add_argument("--suite", choices=SUITE_NAMES, default=None,
+                   help="the repository's specs against PyTorch's library calls (README: Performance)")
     n.add_argument("--shape", action="append", default=[], help="a point to time, e.g. M=4096,N=1024 (repeatable)")
     n.add_argument("--dtype", default=None)
     n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     n.add_argument("--plot", type=Path, default=None, help="draw the rows (needs matplotlib)")
     n.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    n.add_argument("--rounds", type=int, default=3, metavar="R",
+                   help="time kgen and the baselines in turn R times; report each one's median (default 3)")
 
     args = parser.parse_args(argv)
     try:

@@ -194,3 +194,20 @@ def test_python_dash_m_kgen(project):
                                 filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, result.stderr
     assert "kernel vector_add(x: f32[N], y: f32[N]) -> z: f32[N]" in result.stdout
+
+
+def test_bench_times_kgen_and_baselines_in_turn_and_reports_medians():
+    from kgen.bench import interleaved
+    order, clock = [], iter([5.0, 1.0, 9.0, 4.0, 3.0, 7.0, 6.0, 2.0, 8.0])
+
+    def time_it(fn):
+        order.append(fn())
+        return next(clock)
+    times = interleaved({"kgen": lambda: "kgen", "eager": lambda: "eager", "compile": lambda: "compile"}, 3, time_it)
+    assert order == ["kgen", "eager", "compile"] * 3
+    assert times == {"kgen": 5.0, "eager": 2.0, "compile": 8.0}
+
+
+def test_bench_suites_are_the_ones_the_cli_offers():
+    from kgen import cli, suites
+    assert set(cli.SUITE_NAMES) == set(suites.SUITES)

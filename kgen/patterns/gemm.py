@@ -90,6 +90,8 @@ CANDIDATES_16 = (
     (64, 128, 64, 8, 4, 5),
     (64, 64, 64, 8, 4, 4),
     (64, 64, 128, 8, 4, 4),
+    (64, 64, 128, 8, 4, 5),
+    (64, 64, 128, 8, 4, 6),     # M = 128, N = K = 4096: 221 TFLOP/s on an H200 (s4: 199)
     (32, 64, 128, 8, 4, 4),
     (32, 128, 64, 8, 4, 5),
     (16, 64, 128, 8, 4, 4),
@@ -117,6 +119,7 @@ TMA_CANDIDATES_16 = (
     (128, 128, 64, 8, 8, 4),
     (128, 128, 64, 8, 4, 4),
     (128, 128, 128, 8, 8, 3),
+    (64, 64, 128, 8, 4, 5),
 )
 # The same, warp-specialized (``"WS": True``: producer warps issue the TMA loads while the
 # others run the dots and the epilogue), last column SUBTILE: the epilogue on two

@@ -481,14 +481,33 @@ def _bind(args, kwargs, names):
     return values
 
 
+_GROUP_KEYS: dict[tuple, str] = {}
+
+
 def group_key(args, kwargs, names, lhs, rhs) -> str | None:
     """The list form's tuning key: the group's signature (see the module docstring); None
-    for a call the host function will reject."""
+    for a call the host function will reject.  Called on every call: the signature is
+    remembered per tuple of shapes and strides, which is all that is read each time."""
     values = _bind(args, kwargs, names)
     a, b = values.get(lhs), values.get(rhs)
     try:
         if not a or len(a) != len(b):
             return None
+        seen = (a[0].dtype, *[t.shape for t in a], *[t.shape for t in b],
+                *[t.stride() for t in a], *[t.stride() for t in b])
+    except (TypeError, AttributeError, IndexError):
+        return None
+    key = _GROUP_KEYS.get(seen)
+    if key is None:
+        key = _group_signature(a, b, lhs, rhs)
+        if len(_GROUP_KEYS) >= 4096:
+            _GROUP_KEYS.clear()
+        _GROUP_KEYS[seen] = key
+    return key
+
+
+def _group_signature(a, b, lhs, rhs) -> str | None:
+    try:
         ms, ks = zip(*(t.shape for t in a))
         ns = [t.shape[1] for t in b]
         work = sum(m * n * k for m, n, k in zip(ms, ns, ks))

@@ -14,8 +14,8 @@ Two kernels per spec; the host picks one per call from ``n_cols``:
 
 * **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
   ``MAX_BLOCK_N``.  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
-  several for narrow ones (``BLOCK_ROWS = TILE // BLOCK_N``), so that a program
-  always has a useful amount of work.  Programs walk tiles in a grid-stride
+  several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so that
+  a program always has a useful amount of work.  Programs walk tiles in a grid-stride
   ``tl.range`` loop with ``num_stages`` so the next tile's loads overlap this
   tile's math; on an H200, one program per tile beat every persistent program
   count we measured (2, 4 or 8 per SM, or as many as fit) by 3-10%, so the
@@ -71,8 +71,8 @@ from .host import Host, host
 # Tuning, measured on an H200 with softmax in f16 and f32 (a sweep over tile rows, warps,
 # stages and program counts at N = 256 ... 262144; see README: Performance).
 MAX_BLOCK_N = 16384         # widest row (next power of two) kept on chip; wider rows loop
-TILE = 2048                 # elements per tile for narrow rows: BLOCK_ROWS = TILE // BLOCK_N
-WARPS = ((256, 8), (2048, 4), (8192, 8), (None, 16))   # (BLOCK_N up to, num_warps), rows on chip
+TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
+WARPS = ((256, 8), (1024, 2), (2048, 4), (8192, 8), (None, 16))  # (BLOCK_N up to, num_warps), on chip
 STAGES = "1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
 CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
@@ -513,6 +513,14 @@ def _store_cast(computed, stored) -> str:
     return f".to({stored.triton})" if computed.compute is not stored else ""
 
 
+def _row_bytes(kir: KernelIR) -> int:
+    """The widest element of a tensor that varies along the row (f32 rows: half the rows
+    of f16 ones in a tile of TILE_BYTES)."""
+    along = [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
+    along += [o.node.dtype for o in kir.outputs if o.node.shape and o.node.shape[-1] != 1]
+    return max((d.bits for d in along), default=32) // 8
+
+
 def _tiling(kir: KernelIR) -> Tiling:
     values: dict[str, int] = {}
     for key, candidates in kir.schedule.items():
@@ -538,16 +546,16 @@ def _tiling(kir: KernelIR) -> Tiling:
     fit = "triton.next_power_of_2(n_rows)"
     warps = values.get("num_warps")
     if warps is None:
-        *small, (_, last) = WARPS
-        text = str(last)
-        for limit, w in reversed(small):
-            text = f"{w} if BLOCK_N <= {limit} else {text}"
+        # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, e.g.
+        # next(w for up_to, w in ((256, 8), (1024, 2), (16384, 16)) if BLOCK_N <= up_to)
+        steps = tuple((limit or max(block or MAX_BLOCK_N, 2 * WARPS[-2][0]), w) for limit, w in WARPS)
+        text = f"next(w for up_to, w in {steps} if BLOCK_N <= up_to)"
     else:
         text = str(warps)
     stages = values.get("num_stages")
     return Tiling(
         max_block=block or MAX_BLOCK_N, chunk=block or CHUNK_N,
-        rows=f"min({rows}, {fit})" if rows else f"min(max({TILE} // BLOCK_N, 1), {fit})",
+        rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=stages or LOOPED_STAGES,
         warps=text, looped_warps=warps or LOOPED_WARPS, looped_per_sm=LOOPED_PER_SM)
