@@ -187,7 +187,7 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     if BLOCK_N <= 16384:
         # the row fits on chip; narrow rows go several to a tile, one tile per program
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
-        NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (2048, 4), (8192, 8), (16384, 16)) if BLOCK_N <= up_to)
+        NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16)) if BLOCK_N <= up_to)
         NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:

@@ -54,7 +54,7 @@ def softmax() -> list[Case]:
         for m, n in [(4096, n) for n in (256, 1024, 4096, 16384)] + [(1024, 65536), (1024, 262144)]:
             x = torch.randn(m, n, device="cuda", dtype=_torch(dtype))
             ref = _compiled(lambda x: torch.softmax(x, -1))
-            cases.append(Case(f"softmax {dtype} M={m} N={n}", lambda x=x: kernel(x),
+            cases.append(Case(f"softmax {dtype} M={m} N={n}", lambda x=x, kernel=kernel: kernel(x),
                               {"torch": lambda x=x: torch.softmax(x, -1), "compile": lambda x=x, ref=ref: ref(x)},
                               2 * x.numel() * x.element_size(), "GB/s"))
     return cases

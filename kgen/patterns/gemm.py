@@ -672,7 +672,10 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     """The candidates worth timing for one problem:
 
     - tiles no larger than the problem (rounded up to a power of two, at least 16) on each axis;
-    - TMA configs only where the GPU has TMA and the operands are ones it can address;
+    - TMA configs only where the GPU has TMA and the operands are ones it can address, and
+      the output has more tiles than the GPU has SMs (with one wave or less the persistent
+      loop gains nothing, and building the descriptors costs the host about 20 us a call,
+      measured on an H200's host: enough to show in a small GEMM's time);
     - split-K only where the output has fewer tiles than the GPU has SMs, and each slice
       of K keeps at least 4 steps of BLOCK_K;
     - of those, the ones whose programs keep a quarter of the SMs busy (or as many as any
@@ -690,7 +693,7 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     programs = lambda c: tiles(c) * c.get("SPLIT_K", 1)  # noqa: E731
     kept = [c for c in configs
             if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
-            and (tma or not c.get("TMA"))
+            and (not c.get("TMA") or (tma and tiles(c) > sms))
             and (c.get("SPLIT_K", 1) == 1 or (tiles(c) < sms and k >= 4 * c["SPLIT_K"] * c["BLOCK_K"]))]
     if kept:
         enough = min(sms // 4, max(map(programs, kept)))
