@@ -276,9 +276,14 @@ def _group_launch(config):
     return {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
 
 
+_GROUP_TMA = {}
+
+
 def _group_has_tma(device):
     """Hopper or newer (Triton's interpreter reads descriptors too)."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+    if device not in _GROUP_TMA:
+        _GROUP_TMA[device] = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+    return _GROUP_TMA[device]
 
 
 def _group_tma(device, layout, a, b):

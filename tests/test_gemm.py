@@ -644,6 +644,17 @@ def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
     assert len(json.loads(files[0].read_text())["entries"]) == 2
 
 
+def test_a_later_candidate_must_win_by_the_margin(cache):
+    """Near-equal timings keep the earlier (simpler) candidate; a clear win replaces it."""
+    kernel, args = tuned_host()
+    close = 1 - autotune.MARGIN / 2
+    times = {(32, 32): 1.0, (16, 32): close, (32, 16): 1.5, (16, 16): 2.0}
+    assert make_tuner(kernel, fake_clock(times, [])).choose(args, {}) == CONFIGS[0]
+    clear = 1 - 2 * autotune.MARGIN
+    times[(16, 32)] = clear
+    assert make_tuner(kernel, fake_clock(times, []), device="other-gpu").choose(args, {}) == CONFIGS[1]
+
+
 def planted(cache):
     """A tuned kernel whose disk cache has its entry replaced by CONFIGS[3] (not yet written)."""
     kernel, args = tuned_host()
