@@ -29,8 +29,8 @@ class Case:
     label: str
     kgen: Callable
     baselines: dict[str, Callable]   # name -> the same result computed by torch
-    work: float                      # bytes moved (GB/s) or flops (TFLOP/s); 0: times only
-    unit: str
+    work: float                      # bytes moved (GB/s) or flops (TFLOP/s)
+    unit: str                        # "GB/s", "TFLOP/s", or "us": times only
 
 
 def _spec(name: str, dtype: str = "f16"):

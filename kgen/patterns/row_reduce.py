@@ -549,7 +549,7 @@ def _tiling(kir: KernelIR) -> Tiling:
     if warps is None:
         # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, e.g.
         # next(w for up_to, w in ((256, 8), (1024, 2), (16384, 16)) if BLOCK_N <= up_to)
-        steps = tuple((limit or max(block or MAX_BLOCK_N, 2 * WARPS[-2][0]), w) for limit, w in WARPS)
+        steps = tuple((limit or block or MAX_BLOCK_N, w) for limit, w in WARPS)  # on chip: BLOCK_N <= that
         text = f"next(w for up_to, w in {steps} if BLOCK_N <= up_to)"
     else:
         text = str(warps)
