@@ -103,16 +103,16 @@ def layernorm_kernel(
     X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+    INT64: tl.constexpr,
 ):
-    # Whole rows on chip (BLOCK_N >= n_cols): each program walks tiles of BLOCK_ROWS rows,
-    # loading the next tile while it computes this one.
+    # Whole rows on chip (BLOCK_N >= n_cols): a tile of BLOCK_ROWS rows per program (the
+    # loop runs once on a GPU; on Triton's interpreter a few programs walk all the tiles).
+    # EVEN_N: n_cols == BLOCK_N, no column mask.
     col = tl.arange(0, BLOCK_N)[None, :]
-    col_mask = col < n_cols
+    col_mask = (col < n_cols) | EVEN_N
     if INT64:
         col = col.to(tl.int64)
-    W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
-    B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0).to(tl.float32)
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
                          num_stages=NUM_STAGES):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
@@ -120,8 +120,8 @@ def layernorm_kernel(
         if INT64:
             row = row.to(tl.int64)
         mask = row_mask & col_mask
-        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
         # mu = mean(X, axis=-1)
+        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
         mu = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True) / n_cols
         # xc = X - mu
         xc = X - mu
@@ -130,6 +130,8 @@ def layernorm_kernel(
         # rstd = rsqrt(var + eps)
         rstd = tl.rsqrt(var + eps)
         # Y = xc * rstd * W + B
+        W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+        B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0).to(tl.float32)
         Y = xc * rstd * W + B
         tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
         tl.store(mu_ptr + row * mu_stride0, mu, mask=row_mask)
@@ -141,10 +143,12 @@ def layernorm_looped_kernel(
     X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+    INT64: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
     # per level of reductions and once more for the outputs (the re-reads mostly hit L2).
+    # EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
@@ -154,7 +158,7 @@ def layernorm_looped_kernel(
         mu_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             col = col0 + tl.arange(0, BLOCK_N)[None, :]
-            col_mask = col < n_cols
+            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
@@ -167,7 +171,7 @@ def layernorm_looped_kernel(
         var_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             col = col0 + tl.arange(0, BLOCK_N)[None, :]
-            col_mask = col < n_cols
+            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
@@ -182,7 +186,7 @@ def layernorm_looped_kernel(
         rstd = tl.rsqrt(var + eps)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             col = col0 + tl.arange(0, BLOCK_N)[None, :]
-            col_mask = col < n_cols
+            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
@@ -216,10 +220,10 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
         return (Y, mu, rstd)
     BLOCK_N = triton.next_power_of_2(max(n_cols, 1))
     if BLOCK_N <= 16384:
-        # the row fits on chip; narrow rows go several to a tile, one tile per program
+        # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = layernorm_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
         NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16)) if BLOCK_N <= up_to)
-        NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2
+        NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
@@ -230,5 +234,6 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
         n_rows, n_cols,
         X.stride(0), X.stride(1), W.stride(0), B.stride(0), Y.stride(0), Y.stride(1), mu.stride(0), rstd.stride(0),
     ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
-        INT64=_needs_int64(X, W, B, Y, mu, rstd), num_warps=NUM_WARPS)
+        EVEN_N=n_cols > 0 and n_cols % BLOCK_N == 0, INT64=_needs_int64(X, W, B, Y, mu, rstd),
+        num_warps=NUM_WARPS)
     return (Y, mu, rstd)

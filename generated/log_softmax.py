@@ -109,12 +109,14 @@ def log_softmax_kernel(
     X_ptr, Y_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, Y_stride0, Y_stride1,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+    INT64: tl.constexpr,
 ):
-    # Whole rows on chip (BLOCK_N >= n_cols): each program walks tiles of BLOCK_ROWS rows,
-    # loading the next tile while it computes this one.
+    # Whole rows on chip (BLOCK_N >= n_cols): a tile of BLOCK_ROWS rows per program (the
+    # loop runs once on a GPU; on Triton's interpreter a few programs walk all the tiles).
+    # EVEN_N: n_cols == BLOCK_N, no column mask.
     col = tl.arange(0, BLOCK_N)[None, :]
-    col_mask = col < n_cols
+    col_mask = (col < n_cols) | EVEN_N
     if INT64:
         col = col.to(tl.int64)
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
@@ -124,8 +126,8 @@ def log_softmax_kernel(
         if INT64:
             row = row.to(tl.int64)
         mask = row_mask & col_mask
-        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
         # m = max(X, axis=-1)
+        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
         m = tl.reduce(tl.where(mask, X, float("-inf")), 1, max_combine, keep_dims=True)
         # shifted = X - m
         shifted = X - m
@@ -141,10 +143,12 @@ def log_softmax_looped_kernel(
     X_ptr, Y_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, Y_stride0, Y_stride1,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
+    INT64: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
     # per level of reductions and once more for the outputs (the re-reads mostly hit L2).
+    # EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
@@ -155,7 +159,7 @@ def log_softmax_looped_kernel(
         row_sum = tl.zeros([BLOCK_ROWS, 1], tl.float32)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             col = col0 + tl.arange(0, BLOCK_N)[None, :]
-            col_mask = col < n_cols
+            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
@@ -168,7 +172,7 @@ def log_softmax_looped_kernel(
             m = m_new
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             col = col0 + tl.arange(0, BLOCK_N)[None, :]
-            col_mask = col < n_cols
+            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
@@ -191,10 +195,10 @@ def log_softmax(X, *, out=None):
         return Y
     BLOCK_N = triton.next_power_of_2(max(n_cols, 1))
     if BLOCK_N <= 16384:
-        # the row fits on chip; narrow rows go several to a tile, one tile per program
+        # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = log_softmax_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
         NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16)) if BLOCK_N <= up_to)
-        NUM_STAGES = 1 if BLOCK_N <= 256 or BLOCK_N >= 16384 else 2
+        NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
@@ -205,5 +209,6 @@ def log_softmax(X, *, out=None):
         n_rows, n_cols,
         X.stride(0), X.stride(1), Y.stride(0), Y.stride(1),
     ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
-        INT64=_needs_int64(X, Y), num_warps=NUM_WARPS)
+        EVEN_N=n_cols > 0 and n_cols % BLOCK_N == 0, INT64=_needs_int64(X, Y),
+        num_warps=NUM_WARPS)
     return Y
