@@ -77,8 +77,21 @@ def _overlap(a, b):
 
 
 def _needs_int64(*tensors):
-    return any(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
+    # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
+    # needs no int64 offsets whatever its strides, and that test is cheap
+    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
+               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
                for t in tensors)
+
+
+# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
+# microseconds per call on the host: these are the same on Python ints
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -130,7 +143,7 @@ def bias_gelu(x, bias, *, out=None, config=None):
         BLOCK_SIZE, num_warps = (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
-    grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
+    grid = (_cdiv(n_elements, BLOCK_SIZE),)
     bias_gelu_kernel[grid](
         x, bias, y,
         n_elements, N,

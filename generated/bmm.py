@@ -77,8 +77,21 @@ def _overlap(a, b):
 
 
 def _needs_int64(*tensors):
-    return any(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
+    # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
+    # needs no int64 offsets whatever its strides, and that test is cheap
+    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
+               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
                for t in tensors)
+
+
+# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
+# microseconds per call on the host: these are the same on Python ints
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -258,7 +271,7 @@ def bmm(A, W, scale, R, *, out=None, config=None):
     # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up
     partials = torch.empty((B, split_k, M, N), device=device, dtype=torch.float32) if split_k > 1 else C
     int64 = _needs_int64(A, W, scale, R, C, partials)
-    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]) * B, split_k)
+    grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]) * B, split_k)
     bmm_kernel[grid](
         A, W, scale, R, C, partials,
         M, N, K,
@@ -270,7 +283,7 @@ def bmm(A, W, scale, R, *, out=None, config=None):
         EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k, **config,
     )
     if split_k > 1:
-        grid = (triton.cdiv(M, config["BLOCK_M"]), triton.cdiv(N, config["BLOCK_N"]), B)
+        grid = (_cdiv(M, config["BLOCK_M"]), _cdiv(N, config["BLOCK_N"]), B)
         bmm_split_k_kernel[grid](
             partials, scale, R, C,
             M, N,

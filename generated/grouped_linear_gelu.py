@@ -77,8 +77,21 @@ def _overlap(a, b):
 
 
 def _needs_int64(*tensors):
-    return any(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
+    # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
+    # needs no int64 offsets whatever its strides, and that test is cheap
+    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
+               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
                for t in tensors)
+
+
+# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
+# microseconds per call on the host: these are the same on Python ints
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -752,7 +765,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     if config is None:
         config = _grouped_linear_gelu_config([T], [N], [K], device)
     # at most: each problem adds one partial row of tiles
-    num_tiles = (triton.cdiv(T, config["BLOCK_M"]) + G) * triton.cdiv(N, config["BLOCK_N"])
+    num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
     if config.get("TMA"):
         X_desc, A_T = _group_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])

@@ -77,8 +77,21 @@ def _overlap(a, b):
 
 
 def _needs_int64(*tensors):
-    return any(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
+    # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
+    # needs no int64 offsets whatever its strides, and that test is cheap
+    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
+               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
                for t in tensors)
+
+
+# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
+# microseconds per call on the host: these are the same on Python ints
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -285,7 +298,7 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
         if A_desc is not None and B_desc is not None and _has_tma(device):
             num_sms = _num_sms(device)
-            num_tiles = triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"])
+            num_tiles = _cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"])
             grid = (min(num_sms, num_tiles),)
             matmul_leaky_relu_tma_kernel[grid](
                 A_desc, B_desc, alpha, C,
@@ -296,7 +309,7 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
             )
             return C
         config = persistent  # TMA cannot read these operands here: the tiled kernel, same tiles
-    grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
+    grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]),)
     matmul_leaky_relu_kernel[grid](
         A, B, alpha, C,
         M, N, K,

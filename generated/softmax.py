@@ -77,8 +77,21 @@ def _overlap(a, b):
 
 
 def _needs_int64(*tensors):
-    return any(sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
+    # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
+    # needs no int64 offsets whatever its strides, and that test is cheap
+    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
+               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
                for t in tensors)
+
+
+# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
+# microseconds per call on the host: these are the same on Python ints
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit
@@ -193,18 +206,18 @@ def softmax(X, *, out=None):
     n_rows, n_cols = M, N
     if n_rows == 0:
         return Y
-    BLOCK_N = triton.next_power_of_2(max(n_cols, 1))
+    BLOCK_N = _next_pow2(max(n_cols, 1))
     if BLOCK_N <= 16384:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
-        kernel, BLOCK_ROWS = softmax_kernel, min(max(2048 // BLOCK_N, 1), triton.next_power_of_2(n_rows))
+        kernel, BLOCK_ROWS = softmax_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16)) if BLOCK_N <= up_to)
         NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_N, BLOCK_ROWS = softmax_looped_kernel, 8192, 1
-        NUM_WARPS, NUM_STAGES, PER_SM = 16, 4, 4
-    launch_rows(kernel, triton.cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
+        NUM_WARPS, NUM_STAGES, PER_SM = 16, 4, 8
+    launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, Y,
         n_rows, n_cols,
         X.stride(0), X.stride(1), Y.stride(0), Y.stride(1),

@@ -81,7 +81,7 @@ STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the row loop's num
 CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
 LOOPED_STAGES = 4           # the column loops' num_stages
-LOOPED_PER_SM = 4           # looped programs per SM: few enough rows in flight to stay in L2
+LOOPED_PER_SM = 8           # looped programs per SM: few enough rows in flight to stay in L2
 SCHEDULE_KEYS = ("BLOCK_N", "BLOCK_ROWS", "num_warps", "num_stages")
 FORCE_CHUNK = "KGEN_FORCE_CHUNK"
 
@@ -564,7 +564,7 @@ def _tiling(kir: KernelIR) -> Tiling:
         values["BLOCK_N"] = int(forced)
     block = values.get("BLOCK_N")
     rows = values.get("BLOCK_ROWS")
-    fit = "triton.next_power_of_2(n_rows)"
+    fit = "_next_pow2(n_rows)"
     warps = values.get("num_warps")
     if warps is None:
         # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, e.g.
