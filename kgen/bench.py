@@ -31,7 +31,7 @@ SWEEPS = {
     "row_reduce": [{"rows": 4096, "cols": n} for n in (256, 1024, 4096, 16384)]
                   + [{"rows": 1024, "cols": n} for n in (65536, 262144)],
     "gemm": [{"square": n} for n in (512, 1024, 2048, 4096, 8192)],
-    # lists of 4 problems of n x n x n (the issue's; see .bench/bench_grouped.py for the MoE shape)
+    # lists of 4 problems of n x n x n (`kgen bench --suite grouped` adds the MoE shape)
     "grouped_gemm": [{"square": n, "groups": 4} for n in (128, 256, 512, 1024, 2048)],
 }
 

@@ -582,6 +582,21 @@ def test_prune_keeps_tiles_that_fit_the_largest_problem():
     assert len(grouped_gemm.prune(configs, big, "A", "B")) == len(configs)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="Hopper")
+def test_prune_times_tma_only_for_big_groups():
+    """Below TMA_MIN_FLOP the TMA variants' host work costs more than they save: not timed."""
+    configs = [dict(zip(grouped_gemm.CONFIG_KEYS, c), TMA=tma) for c in grouped_gemm.CANDIDATES_16[:3]
+               for tma in (False, True)]
+    group = lambda n, g: {"A": [torch.empty(n, n, device="cuda")] * g, "B": [torch.empty(n, n, device="cuda")] * g}
+    small, big = group(1024, 4), group(2048, 4)
+    assert 2 * 4 * 1024**3 < grouped_gemm.TMA_MIN_FLOP <= 2 * 4 * 2048**3
+    assert not any(c["TMA"] for c in grouped_gemm.prune(configs, small, "A", "B"))
+    assert sum(c["TMA"] for c in grouped_gemm.prune(configs, big, "A", "B")) == 3
+    moe = {"A": torch.empty(4096, 1024, device="cuda"), "B": torch.empty(8, 1024, 1024, device="cuda")}
+    assert not any(c["TMA"] for c in grouped_gemm.prune_moe(configs, moe, "A", "B"))
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
