@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -756,6 +757,17 @@ def test_needs_int64_helper():
     assert needs(torch.empty(1).expand(2**31 + 5), torch.empty(2**31 + 5, device="meta"))
     assert needs(torch.empty(3, 2**30, device="meta")[:, :1])       # large stride, 3 elements
     assert not needs(torch.empty(2**20, device="meta"))
+    assert not needs(torch.empty(2**31 + 5, device="meta")[:100])  # a big storage, a small view of it
+
+
+def test_host_integer_helpers_match_triton():
+    """The generated host's _cdiv and _next_pow2 (plain Python) agree with Triton's."""
+    module = kgen.compile("specs/vector_add.k").module
+    for n in [*range(1, 3000), 2**31 - 1, 2**31, 2**31 + 1, 3 * 2**40 + 7]:
+        assert module._next_pow2(n) == triton.next_power_of_2(n), n
+        for d in (1, 7, 64, 1024):
+            assert module._cdiv(n, d) == triton.cdiv(n, d), (n, d)
+    assert module._next_pow2(0) == 1 and module._cdiv(0, 64) == 0
 
 
 @pytest.mark.gpu

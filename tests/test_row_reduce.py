@@ -280,6 +280,19 @@ def test_online_softmax_is_one_sweep():
     assert body.count("for col0 in") == 3
 
 
+def test_rows_on_chip_load_each_operand_where_it_is_first_read():
+    """Layernorm's weight and bias are loaded under the output statement, after both
+    reductions, not held in registers through them; X under the first reduction."""
+    source = spec_kernel("layernorm").source
+    body = source.split("def layernorm_kernel")[1].split("\ndef ")[0]
+    lines = [line.strip() for line in body.splitlines()]
+    where = lambda prefix: next(i for i, line in enumerate(lines) if line.startswith(prefix))  # noqa: E731
+    assert where("X = tl.load") == where("# mu = mean(X, axis=-1)") + 1
+    assert where("var = ") < where("rstd = ") < where("# Y = xc * rstd * W + B") < where("W = tl.load") \
+        < where("B = tl.load") < where("Y = ")
+    assert sum(line.startswith(("W = tl.load", "B = tl.load", "X = tl.load")) for line in lines) == 3
+
+
 @pytest.mark.parametrize("chunk", [None, 4])
 def test_rank3_leading_axes_are_flattened_without_copies(chunk):
     """[B, M, N] reduces over N with B*M rows; a permuted input (not viewable as 2-D)
