@@ -378,7 +378,7 @@ class _Planner:
         lines: list[Line] = []
         for r in self.reductions:
             lines += self.statements([r.inputs[0]], names, pending)
-            wanted = [pending.pop(id(n)) for n in live_nodes([r.inputs[0]], names) if id(n) in pending]
+            wanted = _take(pending, [r.inputs[0]], names)
             x = Printer(names).expr(r.inputs[0])[0]
             lines += _loaded(wanted, [Line(self.comment(r), (f"{names[id(r)]} = {_reduce(r, x)}",))])
         lines += self.statements([self.computed[o.name] for o in self.kir.outputs], names, pending)
@@ -391,7 +391,7 @@ class _Planner:
         lines: list[Line] = []
         for stmt in self.kir.stmts:
             if id(stmt.node) in needed:
-                wanted = [pending.pop(id(n)) for n in live_nodes([stmt.node], names) if id(n) in pending]
+                wanted = _take(pending, [stmt.node], names)
                 lines += _loaded(wanted, statement_lines(self.kir, [stmt.node], names))
         return lines
 
@@ -505,6 +505,11 @@ class _Planner:
         update.append(f"{mn} = {grown}")
         final = [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
+
+
+def _take(pending: dict[int, str], roots, names: dict[int, str]) -> list[str]:
+    """The loads in ``pending`` that computing ``roots`` reads, taken out of it."""
+    return [pending.pop(id(n)) for n in live_nodes(roots, names) if id(n) in pending]
 
 
 def _loaded(loads: list[str], lines: list[Line]) -> list[Line]:
