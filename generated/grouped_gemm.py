@@ -94,6 +94,45 @@ def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+_DEVICES = {}
+
+
+def _properties(device):
+    if device not in _DEVICES:
+        _DEVICES[device] = torch.cuda.get_device_properties(device)
+    return _DEVICES[device]
+
+
+def _num_sms(device):
+    """The SMs of a CUDA device (4 elsewhere: Triton's interpreter runs programs one by one)."""
+    return _properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _has_tma(device):
+    """Hopper or newer (Triton's interpreter reads descriptors too)."""
+    return device.type != "cuda" or _properties(device).major >= 9
+
+
+def _tma_descriptor(x, rows, cols):
+    """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
+    tensor (1 on a leading axis), over the transpose of those axes where its columns are
+    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
+    16-byte aligned)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if 0 in x.shape:
+        return None, False
+    lead = [1] * (x.dim() - 2)
+    if x.stride(-1) == 1:
+        t, block, transposed = x, lead + [rows, cols], False
+    elif x.stride(-2) == 1:
+        t, block, transposed = x.transpose(-1, -2), lead + [cols, rows], True
+    else:
+        return None, False
+    if t.data_ptr() % 16 or any(stride * t.element_size() % 16 for stride in t.stride()[:-1]):
+        return None, False
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block), transposed
+
+
 @triton.jit
 def _group_int(ptr, MULTIPLE: tl.constexpr, INT64: tl.constexpr):
     """An integer of a grouped GEMM's metadata row: int32 unless INT64, and a multiple of
@@ -269,34 +308,15 @@ def _group_block(G):
     return max(32, 1 << max(0, G - 1).bit_length())
 
 
-_GROUP_SMS = {}
-
-
-def _group_sms(device):
-    if device not in _GROUP_SMS:
-        _GROUP_SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _GROUP_SMS[device]
-
-
 def _group_programs(device, num_tiles, config):
     """Persistent programs: programs_per_sm per SM, at most one per tile."""
     if device.type != "cuda" or triton.knobs.runtime.interpret:
         return max(1, min(num_tiles, 4))  # Triton's interpreter: a few still walk the loop
-    return max(1, min(num_tiles, _group_sms(device) * config.get("programs_per_sm", 1)))
+    return max(1, min(num_tiles, _num_sms(device) * config.get("programs_per_sm", 1)))
 
 
 def _group_launch(config):
     return {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
-
-
-_GROUP_TMA = {}
-
-
-def _group_has_tma(device):
-    """Hopper or newer (Triton's interpreter reads descriptors too)."""
-    if device not in _GROUP_TMA:
-        _GROUP_TMA[device] = device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
-    return _GROUP_TMA[device]
 
 
 def _group_tma(device, layout, a, b):
@@ -304,7 +324,7 @@ def _group_tma(device, layout, a, b):
     contiguous axis each, 16-byte aligned, 32-bit offsets, a GPU with TMA.  Its descriptors
     are made on the device, in memory from Triton's allocator (a torch one unless set)."""
     if layout[f"{a}_UNIT"] < 0 or layout[f"{b}_UNIT"] < 0 or not layout["ALIGNED"] or layout["INT64"] \
-            or not _group_has_tma(device):
+            or not _has_tma(device):
         return False
     try:
         from triton.runtime._allocation import NullAllocator, _allocator
@@ -318,25 +338,6 @@ def _group_tma(device, layout, a, b):
 
 def _group_scratch(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _group_descriptor(x, rows, cols):
-    """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
-    tensor (1 on a leading axis), over the transpose of those axes where its columns are
-    contiguous; (None, False) where TMA cannot address it."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    if 0 in x.shape:
-        return None, False
-    lead = [1] * (x.dim() - 2)
-    if x.stride(-1) == 1:
-        t, block, transposed = x, lead + [rows, cols], False
-    elif x.stride(-2) == 1:
-        t, block, transposed = x.transpose(-1, -2), lead + [cols, rows], True
-    else:
-        return None, False
-    if t.data_ptr() % 16 or any(stride * t.element_size() % 16 for stride in t.stride()[:-1]):
-        return None, False
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block), transposed
 
 
 def _group_offs(offs, G, device, source):
@@ -685,7 +686,7 @@ def _grouped_gemm_config(M, N, K, device):
     output elements per SM; M, N, K: the problems' sizes."""
     if device.type != "cuda":  # Triton's interpreter runs programs one by one: few, mid-sized tiles
         return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1, "programs_per_sm": 1}
-    work = sum(m * n for m, n in zip(M, N)) // _group_sms(device)
+    work = sum(m * n for m, n in zip(M, N)) // _num_sms(device)
     if work <= 4096:
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2}
     if work <= 16384:
@@ -745,11 +746,11 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
     if config.get("TMA"):
-        A_desc, A_T = _group_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
-        B_desc, B_T = _group_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
+        A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
+        B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
         # (TMA loads at a row offset: a column-major A would start them off 16-byte boundaries)
         if A_desc is not None and not A_T and B_desc is not None \
-                and _group_has_tma(device):
+                and _has_tma(device):
             grouped_gemm_moe_tma_kernel[grid](
                 A_desc, B_desc, C, offs,
                 G, T, N, K,

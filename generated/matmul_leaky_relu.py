@@ -99,6 +99,45 @@ def leaky_relu(x, alpha):
     return tl.where(x >= 0, x, alpha * x)
 
 
+_DEVICES = {}
+
+
+def _properties(device):
+    if device not in _DEVICES:
+        _DEVICES[device] = torch.cuda.get_device_properties(device)
+    return _DEVICES[device]
+
+
+def _num_sms(device):
+    """The SMs of a CUDA device (4 elsewhere: Triton's interpreter runs programs one by one)."""
+    return _properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _has_tma(device):
+    """Hopper or newer (Triton's interpreter reads descriptors too)."""
+    return device.type != "cuda" or _properties(device).major >= 9
+
+
+def _tma_descriptor(x, rows, cols):
+    """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
+    tensor (1 on a leading axis), over the transpose of those axes where its columns are
+    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
+    16-byte aligned)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if 0 in x.shape:
+        return None, False
+    lead = [1] * (x.dim() - 2)
+    if x.stride(-1) == 1:
+        t, block, transposed = x, lead + [rows, cols], False
+    elif x.stride(-2) == 1:
+        t, block, transposed = x.transpose(-1, -2), lead + [cols, rows], True
+    else:
+        return None, False
+    if t.data_ptr() % 16 or any(stride * t.element_size() % 16 for stride in t.stride()[:-1]):
+        return None, False
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block), transposed
+
+
 @triton.jit
 def matmul_leaky_relu_kernel(
     A_ptr, B_ptr, alpha, C_ptr,
@@ -238,44 +277,6 @@ def _matmul_leaky_relu_config(M, N, device):
     if M * N <= 4194304:
         return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4}
     return {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
-
-
-def _tma_descriptor(x, rows, cols):
-    """(descriptor, transposed): TMA tiles [rows, cols] of a 2-D tensor, read through its
-    transpose when its columns are contiguous; (None, False) where TMA cannot address it
-    (neither axis contiguous, or not 16-byte aligned)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    if 0 in x.shape:
-        return None, False
-    if x.stride(1) == 1:
-        t, block, transposed = x, [rows, cols], False
-    elif x.stride(0) == 1:
-        t, block, transposed = x.t(), [cols, rows], True
-    else:
-        return None, False
-    if t.data_ptr() % 16 or t.stride(0) * t.element_size() % 16:
-        return None, False
-    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block), transposed
-
-
-_DEVICES = {}
-
-
-def _has_tma(device):
-    """Hopper or newer (Triton's interpreter reads descriptors too)."""
-    if device.type != "cuda":
-        return True
-    if device not in _DEVICES:
-        _DEVICES[device] = torch.cuda.get_device_properties(device)
-    return _DEVICES[device].major >= 9
-
-
-def _num_sms(device):
-    if device.type != "cuda":
-        return 4
-    if device not in _DEVICES:
-        _DEVICES[device] = torch.cuda.get_device_properties(device)
-    return _DEVICES[device].multi_processor_count
 
 
 def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):

@@ -94,7 +94,18 @@ def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
-_SM_COUNT = {}
+_DEVICES = {}
+
+
+def _properties(device):
+    if device not in _DEVICES:
+        _DEVICES[device] = torch.cuda.get_device_properties(device)
+    return _DEVICES[device]
+
+
+def _num_sms(device):
+    """The SMs of a CUDA device (4 elsewhere: Triton's interpreter runs programs one by one)."""
+    return _properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def launch_rows(kernel, n_tiles, per_sm, device, args, **options):
@@ -105,9 +116,7 @@ def launch_rows(kernel, n_tiles, per_sm, device, args, **options):
         kernel[(min(n_tiles, 4),)](*args, **options)
         return
     if per_sm is not None:
-        if device not in _SM_COUNT:
-            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        n_tiles = min(n_tiles, per_sm * _SM_COUNT[device])
+        n_tiles = min(n_tiles, per_sm * _num_sms(device))
     kernel[(n_tiles,)](*args, **options)
 
 

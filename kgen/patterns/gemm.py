@@ -304,17 +304,19 @@ def match(kir: KernelIR) -> GemmPlan | None:
     h = host(kir)
     summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
                f"{', '.join(outputs)}{_shape(out_shape)}")
+    tma = any(c.get("TMA") for c in candidates)
     return GemmPlan(
         name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
         pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs)
         + (("partials_ptr",) if split_k else ()),
         strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
         int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
-        helpers=helpers_for(low.nodes), sizes=sizes, batch=str(out_shape[0]) if batched else "",
+        helpers=helpers_for(low.nodes) + (("num_sms", "tma_host") if tma else ()),
+        sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(_config_text(c) for c in candidates),
         heuristic=tuple((_condition(m, mn), _config_text(_config(c, **fixed))) for m, mn, c in rows),
-        split_k=split_k, tma=any(c.get("TMA") for c in candidates), ws=any(c.get("WS") for c in candidates),
+        split_k=split_k, tma=tma, ws=any(c.get("WS") for c in candidates),
         subtile=any(c.get("SUBTILE") for c in candidates), tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,

@@ -291,7 +291,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     list_params = [p.name for p in kir.params]
     return GroupedPlan(
         name=kir.name, summary=summary, a=low.a, b=low.b, dot=low.dot, loads=low.loads, body=low.body,
-        stores=low.stores, helpers=helpers_for(low.nodes) + ("group_host",), operands=(a_name, b_name),
+        stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"), operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
         vector=vector, scalars=low.scalars, units=units, width=len(columns),

@@ -335,7 +335,7 @@ class _Planner:
         if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
             helpers.append("min_combine")
         return RowReducePlan(
-            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("launch_rows",),
+            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("num_sms", "launch_rows"),
             pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
             pointer_values=tuple(o.name for o in inputs) + tuple(scalars) + tuple(o.name for o in outputs),
             sizes=("n_rows", "n_cols", *lead_sizes),
