@@ -497,13 +497,17 @@ def grouped_gemm_tma_kernel(
             offs_n = offs_n.to(tl.int64)
             offs_k = offs_k.to(tl.int64)
         if A_T:
-            A_desc = tl.make_tensor_descriptor(A_ptr, shape=[K, M], strides=[A_stride1, 1], block_shape=[BLOCK_K, BLOCK_M])
+            A_desc = tl.make_tensor_descriptor(
+                A_ptr, shape=[K, M], strides=[A_stride1, 1], block_shape=[BLOCK_K, BLOCK_M])
         else:
-            A_desc = tl.make_tensor_descriptor(A_ptr, shape=[M, K], strides=[A_stride0, 1], block_shape=[BLOCK_M, BLOCK_K])
+            A_desc = tl.make_tensor_descriptor(
+                A_ptr, shape=[M, K], strides=[A_stride0, 1], block_shape=[BLOCK_M, BLOCK_K])
         if B_T:
-            B_desc = tl.make_tensor_descriptor(B_ptr, shape=[N, K], strides=[B_stride1, 1], block_shape=[BLOCK_N, BLOCK_K])
+            B_desc = tl.make_tensor_descriptor(
+                B_ptr, shape=[N, K], strides=[B_stride1, 1], block_shape=[BLOCK_N, BLOCK_K])
         else:
-            B_desc = tl.make_tensor_descriptor(B_ptr, shape=[K, N], strides=[B_stride0, 1], block_shape=[BLOCK_K, BLOCK_N])
+            B_desc = tl.make_tensor_descriptor(
+                B_ptr, shape=[K, N], strides=[B_stride0, 1], block_shape=[BLOCK_K, BLOCK_N])
         # TMA loads: zeros past every edge of the descriptors, nothing to mask until the store
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -664,20 +668,20 @@ def grouped_gemm_moe_tma_kernel(
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).
 grouped_gemm_configs = [
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
-    {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "programs_per_sm": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 1},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2},
-    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2},
-    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4},
-    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 4},
-    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1, "TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "programs_per_sm": 1, "TMA": True},
-    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 1, "TMA": True},
-    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2, "TMA": True},
+    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1),
+    dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=1),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3, programs_per_sm=4),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=4),
+    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1, TMA=True),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1, TMA=True),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=1, TMA=True),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2, TMA=True),
 ]
 
 
@@ -685,15 +689,15 @@ def _grouped_gemm_config(M, N, K, device):
     """The config when the call gives none (kgen's autotuner gives one on a GPU), from the
     output elements per SM; M, N, K: the problems' sizes."""
     if device.type != "cuda":  # Triton's interpreter runs programs one by one: few, mid-sized tiles
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1, "programs_per_sm": 1}
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, programs_per_sm=1)
     work = sum(m * n for m, n in zip(M, N)) // _num_sms(device)
     if work <= 4096:
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2}
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2)
     if work <= 16384:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2}
+        return dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2)
     if work <= 65536:
-        return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "programs_per_sm": 1}
-    return {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1}
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1)
+    return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1)
 
 
 def grouped_gemm(A, B, *, out=None, config=None):

@@ -169,8 +169,9 @@ def layernorm_looped_kernel(
     INT64: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
-    # per level of reductions and once more for the outputs (the re-reads mostly hit L2).
-    # EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
+    # per level of reductions and once more for the outputs, each sweep in the direction
+    # opposite to the one before.  EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
+    last0 = (n_cols - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
@@ -192,7 +193,8 @@ def layernorm_looped_kernel(
         # var = mean(xc * xc, axis=-1): partial sums per lane, a chunk at a time
         var_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
-            col = col0 + tl.arange(0, BLOCK_N)[None, :]
+            # backward: the chunks the sweep before read last come first, from L2
+            col = (last0 - col0) + tl.arange(0, BLOCK_N)[None, :]
             col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)
@@ -236,7 +238,10 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     _check_shape("B", B, (N,), "f16[N]", "X")
     eps = _check_scalar("eps", eps, float)
     device = _device(("X", X), ("W", W), ("B", B))
-    Y, mu, rstd = _outputs(out, device, (("X", X), ("W", W), ("B", B)), ("Y", (M, N), torch.float16), ("mu", (M, 1), torch.float32), ("rstd", (M, 1), torch.float32))
+    Y, mu, rstd = _outputs(out, device, (("X", X), ("W", W), ("B", B)),
+                           ("Y", (M, N), torch.float16),
+                           ("mu", (M, 1), torch.float32),
+                           ("rstd", (M, 1), torch.float32))
     n_rows, n_cols = M, N
     if n_rows == 0:
         return (Y, mu, rstd)

@@ -169,8 +169,9 @@ def softmax_looped_kernel(
     INT64: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
-    # per level of reductions and once more for the outputs (the re-reads mostly hit L2).
-    # EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
+    # per level of reductions and once more for the outputs, each sweep in the direction
+    # opposite to the one before.  EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
+    last0 = (n_cols - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
@@ -193,7 +194,8 @@ def softmax_looped_kernel(
             sum_e = sum_e * tl.exp(m - m_shift) + tl.sum(tl.where(mask, tl.exp(X - m_shift), 0.0), axis=1, keep_dims=True)
             m = m_new
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
-            col = col0 + tl.arange(0, BLOCK_N)[None, :]
+            # backward: the chunks the sweep before read last come first, from L2
+            col = (last0 - col0) + tl.arange(0, BLOCK_N)[None, :]
             col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 col = col.to(tl.int64)

@@ -144,7 +144,9 @@ def swiglu_residual(x, gate, residual, *, out=None, config=None):
     _check_tensor("residual", residual, torch.float16, 2, "f16[M, N]")
     _check_shape("residual", residual, (M, N), "f16[M, N]", "x")
     device = _device(("x", x), ("gate", gate), ("residual", residual))
-    y, = _outputs(out, device, (("x", x), ("gate", gate), ("residual", residual)), ("y", (M, N), torch.float16), inplace=True)
+    y, = _outputs(out, device, (("x", x), ("gate", gate), ("residual", residual)),
+                  ("y", (M, N), torch.float16),
+                  inplace=True)
     n_elements = y.numel()
     if n_elements == 0:
         return y

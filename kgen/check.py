@@ -36,7 +36,7 @@ class Arg:
 RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist", ()))
             | frozenset(dir(builtins))
             | {"tl", "triton", "torch", "math", "os", "sys", "pid", "offs", "mask", "grid", "out", "n_elements",
-               "kernel", "meta", "self", "cls", "inf", "nan",
+               "kernel", "meta", "self", "cls", "inf", "nan", "config",
                # the host function's locals and the module's own names
                "device", "contiguous", "int64", "num_warps", "num_stages", "ArgumentError",
                "n_rows", "n_cols"})

@@ -101,6 +101,15 @@ def literal(value: int | float) -> str:
     return repr(int(value)) if isinstance(value, int) else repr(float(value))
 
 
+def config_text(config: dict) -> str:
+    """A launch config re-printed as ``dict(BLOCK_M=64, num_warps=4, TMA=True)``: keys are
+    the patterns' own identifiers, values numbers and flags."""
+    for key, value in config.items():
+        if not key.isidentifier() or not isinstance(value, (bool, int)):
+            raise TypeError(f"not a launch config entry: {key!r}: {value!r}")
+    return f"dict({', '.join(f'{k}={v!r}' for k, v in config.items())})"
+
+
 @dataclass(frozen=True)
 class Line:
     """One statement of a kernel body: the spec line as a comment, then its code."""

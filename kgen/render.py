@@ -14,7 +14,7 @@ import jinja2
 from . import __version__
 
 
-def _template_dir() -> Path:
+def template_dir() -> Path:
     here = Path(__file__).parent
     for candidate in (here / "templates", here.parent / "templates"):  # installed, source tree
         if (candidate / "module.jinja").is_file():
@@ -24,7 +24,7 @@ def _template_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               trim_blocks=False, lstrip_blocks=False, autoescape=False)
 

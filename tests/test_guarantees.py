@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kgen
+from conftest import DEVICE
 from kgen import dtypes as D
 from kgen.check import Arg
 from kgen.parse import parse
@@ -144,6 +145,53 @@ def test_reserved_names_are_rejected(name):
 def test_kernel_may_not_be_named_after_generated_code():
     with pytest.raises(kgen.SpecError, match="'torch'"):
         outcome("kernel torch(x: f32[N]) -> y: f32[N] { y = x }")
+
+
+def _template_names() -> list[str]:
+    """Every identifier that the templates print themselves (outside Jinja tags, Python
+    comments and strings) and that check.py does not reserve for every pattern."""
+    from kgen.check import is_reserved
+    from kgen.render import template_dir
+    words = set()
+    for path in sorted(template_dir().glob("*.jinja")):
+        text = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", path.read_text(), flags=re.S)
+        text = re.sub(r'"""[\s\S]*?"""|#[^\n]*|"[^"\n]*"', " ", text)
+        words |= set(re.findall(r"\b[A-Za-z_][A-Za-z_0-9]*\b", text))
+    return sorted(w for w in words if not is_reserved(w))
+
+
+# (less the names of the specs below)
+TEMPLATE_NAMES = [n for n in _template_names() if n not in {"A", "B", "C", "X", "Y", "Z", "b", "w"}]
+F = torch.nn.functional
+
+
+def _run_named(pattern: str, name: str, device: str):
+    """(kernel's result, torch's) for a spec of `pattern` with one value called `name`."""
+    x, w = torch.randn(3, 37, device=device), torch.randn(37, device=device)
+    if pattern == "elementwise":
+        return kgen.compile(f"Y = X * {name} + Z")(x, 1.5, x.T.contiguous().T), x * 1.5 + x
+    if pattern == "row_reduce":
+        got = kgen.compile(f"Y = exp({name} - max({name})) / sum(exp({name} - max({name}))) * w")(x, w)
+        return got, torch.softmax(x, -1) * w
+    b = torch.randn(37, 5, device=device)
+    if pattern == "gemm":
+        return kgen.compile(f"{name} = X @ B\nY = leaky_relu({name}) + b")(x, b, w[:5]), F.leaky_relu(x @ b) + w[:5]
+    xs, bs = [x, x[:2, :7]], [b, b[:7, :3]]
+    got = kgen.compile(f"C = relu(A @ {name})")(xs, bs)
+    return torch.cat([g.flatten() for g in got]), torch.cat([torch.relu(a @ c).flatten() for a, c in zip(xs, bs)])
+
+
+@FUZZ
+@given(st.sampled_from(TEMPLATE_NAMES), st.sampled_from(["elementwise", "row_reduce", "gemm", "grouped_gemm"]))
+def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
+    """A spec that names a value as the generated code names one of its own (a local, a
+    constexpr, a host variable) is refused, or computes what it says."""
+    try:
+        got, want = _run_named(pattern, name, DEVICE)
+    except kgen.KgenError as e:
+        assert f"'{name}'" in str(e)
+        return
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("comment", ["\rimport os", "\x0cimport os", "\x0bimport os", "\u2028import os",

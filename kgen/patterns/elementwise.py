@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, Op, POINTWISE, LEAVES, topo_order
-from ..lower import Line, helpers_for, statement_lines
-from .host import Host, host
+from ..lower import Line, config_text, helpers_for, statement_lines
+from .host import Host, check_locals, host
 
 # (below n_elements, BLOCK_SIZE, num_warps).  Measured on an H200 for x + y and a
 # five-op f16 chain at 2**20..2**28 elements: 1024 x 4 warps is at or within noise of
@@ -90,7 +90,7 @@ class ElementwisePlan:
 
     @property
     def config_lines(self) -> tuple[str, ...]:
-        return tuple("{" + ", ".join(f'"{k}": {v}' for k, v in c.items()) + "}" for c in self.tuning.configs)
+        return tuple(map(config_text, self.tuning.configs))
 
     @property
     def block_choice(self) -> str:
@@ -110,6 +110,11 @@ class ElementwisePlan:
         return " and ".join(f"{op.name}.is_contiguous()" for op in self.operands if not op.scalar) or "True"
 
 
+# Names the kernel and host function define for themselves (besides the ones check.py
+# reserves for every pattern); a spec's names must differ.
+KERNEL_LOCALS = frozenset({"CONTIGUOUS"})
+
+
 def match(kir: KernelIR) -> ElementwisePlan | None:
     nodes = topo_order(o.node for o in kir.outputs)
     if any(n.op not in POINTWISE and n.op not in LEAVES for n in nodes):
@@ -122,6 +127,7 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
                                    o.span)
     if any(p.is_list for p in kir.params):
         return None
+    check_locals(kir, KERNEL_LOCALS, "elementwise kernel")
     rank = len(shape)
     used = {id(n) for n in nodes}
     inputs, scalars, names = [], [], {}

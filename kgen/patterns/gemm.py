@@ -61,8 +61,8 @@ import torch
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import LEAVES, POINTWISE, KernelIR, Node, Op, topo_order
-from ..lower import CALL, Line, Printer, helpers_for, statement_lines
-from .host import Host, host
+from ..lower import CALL, Line, Printer, config_text, helpers_for, statement_lines
+from .host import Host, check_locals, host
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 # Flags a config may add (absent: off): SPLIT_K (the tiled kernel splits K), TMA (the
@@ -314,13 +314,13 @@ def match(kir: KernelIR) -> GemmPlan | None:
         helpers=helpers_for(low.nodes) + (("num_sms", "tma_host") if tma else ()),
         sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
-        configs=tuple(_config_text(c) for c in candidates),
-        heuristic=tuple((_condition(m, mn), _config_text(_config(c, **fixed))) for m, mn, c in rows),
+        configs=tuple(config_text(c) for c in candidates),
+        heuristic=tuple((_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows),
         split_k=split_k, tma=tma, ws=any(c.get("WS") for c in candidates),
         subtile=any(c.get("SUBTILE") for c in candidates), tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
-        operands=(a_name, b_name), interpreter=_config_text(_config(INTERPRETER_CONFIG)),
+        operands=(a_name, b_name), interpreter=config_text(_config(INTERPRETER_CONFIG)),
         scheduled=any(k in SCHEDULE_KEYS and k not in ("TMA", "input_precision") for k in kir.schedule),
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
 
@@ -362,7 +362,7 @@ def lower(kir: KernelIR) -> Lowered | None:
                                f"{list(out_shape)}; only a batch dimension may be added", mm.span)
     a_input = _operand_input(lhs, "left")
     b_input = _operand_input(rhs, "right")
-    _check_names(kir)
+    check_locals(kir, KERNEL_LOCALS, "GEMM kernel")
     batched = len(out_shape) == 3
     rank = len(out_shape)
 
@@ -536,15 +536,6 @@ def _span_text(kir: KernelIR, node: Node) -> str:
     return lines[span.line - 1][span.col - 1:span.end_col - 1]
 
 
-def _check_names(kir: KernelIR) -> None:
-    for p in kir.params:
-        if p.name in KERNEL_LOCALS:
-            raise UnsupportedError(f"'{p.name}' is a name the generated GEMM kernel uses itself; rename it", p.span)
-    for s in kir.stmts:
-        if s.name in KERNEL_LOCALS:
-            raise UnsupportedError(f"'{s.name}' is a name the generated GEMM kernel uses itself; rename it", s.span)
-
-
 def _check_derived(kir: KernelIR, derived) -> None:
     """Names the kernel derives from the spec's (A_ptrs) must not be the spec's own."""
     spec = {p.name: p.span for p in kir.params} | {s.name: s.span for s in kir.stmts}
@@ -654,10 +645,6 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
 
 def _closest(value: int, allowed) -> int:
     return min(allowed, key=lambda v: (abs(math.log2(v) - math.log2(value)), v))
-
-
-def _config_text(config: dict) -> str:
-    return "{" + ", ".join(f'"{k}": {v}' for k, v in config.items()) + "}"
 
 
 def _condition(max_m, max_mn) -> str:

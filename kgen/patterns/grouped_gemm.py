@@ -87,9 +87,9 @@ import torch
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, Node, Op, Param, Stmt, type_str
-from ..lower import Line, helpers_for
+from ..lower import Line, config_text, helpers_for
 from . import gemm
-from .host import Host, host, torch_dtype
+from .host import Host, check_locals, host, torch_dtype
 
 CONFIG_KEYS = gemm.CONFIG_KEYS + ("programs_per_sm",)
 SCHEDULE_KEYS = CONFIG_KEYS + ("TMA", "input_precision")
@@ -297,10 +297,10 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         vector=vector, scalars=low.scalars, units=units, width=len(columns),
         columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
         table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),
-        configs=tuple(gemm._config_text(c) for c in candidates),
-        heuristic=tuple(("" if limit is None else f"work <= {limit}", gemm._config_text(_config(c)))
+        configs=tuple(config_text(c) for c in candidates),
+        heuristic=tuple(("" if limit is None else f"work <= {limit}", config_text(_config(c)))
                         for limit, c in rows),
-        interpreter=gemm._config_text(_config(INTERPRETER_CONFIG)),
+        interpreter=config_text(_config(INTERPRETER_CONFIG)),
         scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
                       partial(group_key, names=list_params, lhs=a_name, rhs=b_name)),
@@ -563,14 +563,9 @@ def prune_moe(configs, bound: dict, lhs: str, rhs: str):
 
 
 def _check_names(kir: KernelIR, low: gemm.Lowered) -> None:
+    check_locals(kir, KERNEL_LOCALS, "grouped GEMM")
     for p in kir.params:
-        if p.name in KERNEL_LOCALS:
-            raise UnsupportedError(f"'{p.name}' is a name the generated grouped GEMM uses itself; rename it", p.span)
         for d in p.shape or ():
             if isinstance(d, str) and d in HOST_LOCALS:
                 raise UnsupportedError(f"'{d}' is a name the generated grouped GEMM uses itself; rename the "
                                        f"dimension", p.span)
-    for s in kir.stmts:
-        if s.name in KERNEL_LOCALS:
-            raise UnsupportedError(f"'{s.name}' is a name the generated grouped GEMM uses itself; rename it",
-                                   s.span)

@@ -6,8 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import DType
+from ..errors import UnsupportedError
 from ..ir import KernelIR, Param, Shape, type_str
 from ..lower import literal
+
+
+# The widest the _outputs(...) call is printed on one line (indented by 4 in the host function).
+ALLOCATE_WIDTH = 100
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,14 @@ def shape_expr(shape: Shape) -> str:
     """A host expression for a symbolic shape: ``(M, N)``; dims are host locals."""
     dims = [str(d) for d in shape]
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def check_locals(kir: KernelIR, taken: frozenset[str], what: str) -> None:
+    """A spec's parameters and statements may not take a name that the generated kernel or
+    host function (``what``) defines for itself."""
+    for name, span in [(p.name, p.span) for p in kir.params] + [(s.name, s.span) for s in kir.stmts]:
+        if name in taken:
+            raise UnsupportedError(f"'{name}' is a name the generated {what} uses itself; rename it", span)
 
 
 def host(kir: KernelIR, inplace: bool = False) -> Host:
@@ -66,11 +79,13 @@ def host(kir: KernelIR, inplace: bool = False) -> Host:
     devices = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
     checks.append(f"device = _device({devices})")
     outs = tuple(o.name for o in kir.outputs)
-    specs = ", ".join(f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, '
-                      f'{torch_dtype(o.node.dtype)})' for o in kir.outputs)
-    inputs = "".join(f'("{p.name}", {p.name}), ' for p in tensors)
-    allocate = (f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs(out, device, ({inputs.rstrip(', ')}"
-                f"{',' if len(tensors) == 1 else ''}), {specs}{', inplace=True' if inplace else ''})")
+    specs = [f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, {torch_dtype(o.node.dtype)})'
+             for o in kir.outputs] + (["inplace=True"] if inplace else [])
+    inputs = ", ".join(f'("{p.name}", {p.name})' for p in tensors) + ("," if len(tensors) == 1 else "")
+    call = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs("
+    allocate = f"{call}out, device, ({inputs}), {', '.join(specs)})"
+    if len(allocate) > ALLOCATE_WIDTH:   # an output per line, under the first argument
+        allocate = f",\n{' ' * (4 + len(call))}".join([f"{call}out, device, ({inputs})", *specs]) + ")"
     returns = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
     doc = (f"{', '.join(_param_str(p) for p in kir.params)} -> "
            f"{', '.join(f'{o.name}: {type_str(o.node.dtype, o.node.shape)}' for o in kir.outputs)}")
