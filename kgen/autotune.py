@@ -15,7 +15,9 @@ first call wherever it runs.
 
 - **Key**: every tensor argument's dtype, shape and stride layout (which axes are
   unit-stride or broadcast); shapes carry M, N, K and the batch.  ``out=`` is not
-  part of it.
+  part of it.  The axes a plan names in ``Tuning.buckets`` (a GEMM's M, wherever
+  it appears) are keyed by the power of two at or above their size, so a model
+  whose batch of rows varies tunes once per doubling, not once per size.
 - **Disk**: ``<kgen cache>/autotune/<GPU name>/triton-<version>/<kernel>-<source hash>.json``.
   The file repeats GPU, Triton version and source hash; a file whose fields do not
   match, that does not parse, or an entry whose config is not a current candidate
@@ -57,6 +59,8 @@ class Tuning:
     # ``problem_key`` cannot describe (a grouped GEMM's lists of tensors); it is the
     # in-memory key too, so it must be cheap.  None: a call the host function rejects.
     key: Callable | None = None
+    # (argument, axis) pairs whose size ``problem_key`` rounds up to a power of two
+    buckets: tuple[tuple[str, int], ...] = ()
 
 
 # A later candidate replaces the best so far only when it is faster by more than this:
@@ -70,9 +74,10 @@ def enabled() -> bool:
     return os.environ.get("KGEN_AUTOTUNE", "1").strip() not in ("0", "false", "off", "no")
 
 
-def problem_key(arguments: dict) -> str:
-    """``A:float16:4096x4096:s1 B:float16:4096x4096:1s``: dtype, shape and layout of each tensor;
-    per axis ``1`` unit stride, ``0`` broadcast, ``s`` strided, ``-`` size one."""
+def problem_key(arguments: dict, buckets=()) -> str:
+    """``A:float16:<=128x4096:s1 B:float16:4096x4096:1s``: dtype, shape and layout of each tensor;
+    per axis ``1`` unit stride, ``0`` broadcast, ``s`` strided, ``-`` size one.  The sizes of
+    the (name, axis) pairs in ``buckets`` print as ``<=`` the power of two at or above them."""
     parts = []
     for name, value in arguments.items():
         if name in ("out", "config") or not isinstance(value, torch.Tensor):
@@ -80,7 +85,9 @@ def problem_key(arguments: dict) -> str:
         layout = "".join("-" if size == 1 else "1" if stride == 1 else "0" if stride == 0 else "s"
                          for size, stride in zip(value.shape, value.stride()))
         dtype = str(value.dtype).removeprefix("torch.")
-        parts.append(f"{name}:{dtype}:{'x'.join(map(str, value.shape)) or '()'}:{layout}")
+        sizes = [f"<={1 << max(0, size - 1).bit_length()}" if (name, axis) in buckets else str(size)
+                 for axis, size in enumerate(value.shape)]
+        parts.append(f"{name}:{dtype}:{'x'.join(sizes) or '()'}:{layout}")
     return " ".join(parts)
 
 
@@ -185,7 +192,7 @@ class Tuner:
                    for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
         if not tensors or not (self.force or all(t.is_cuda for t in tensors)):
             return None                  # Triton's interpreter: nothing to time
-        key = key or problem_key(bound.arguments)
+        key = key or problem_key(bound.arguments, self.tuning.buckets)
         with self._lock:
             cache = self._disk(tensors[0])
             config = cache.load().get(key)

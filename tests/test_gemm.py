@@ -610,9 +610,9 @@ def tuned_host(text="C = relu(A @ B + R)"):
     return k._last, (a, b, r)
 
 
-def make_tuner(kernel, bench, device="fake-gpu", configs=CONFIGS):
+def make_tuner(kernel, bench, device="fake-gpu", configs=CONFIGS, buckets=()):
     host = getattr(kernel.module, kernel.name)
-    return autotune.Tuner(host, autotune.Tuning(configs), kernel.source, kernel.name, bench=bench,
+    return autotune.Tuner(host, autotune.Tuning(configs, buckets=buckets), kernel.source, kernel.name, bench=bench,
                           device_name=device, force=True)
 
 
@@ -642,6 +642,23 @@ def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
     assert second.choose((args[0], bt, args[2]), {}) == CONFIGS[1]
     assert len(second_calls) == len(CONFIGS)
     assert len(json.loads(files[0].read_text())["entries"]) == 2
+
+
+def test_rows_are_tuned_once_per_power_of_two(cache):
+    """A GEMM keys M (in A and in the epilogue's residual) by the power of two above it:
+    40 and 50 rows share one tuning, 70 rows get their own."""
+    kernel, (a, b, r) = tuned_host()
+    assert kernel._tuner.tuning.buckets == (("A", 0), ("R", 0))
+    calls = []
+    tuner = make_tuner(kernel, fake_clock({(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}, calls),
+                       buckets=kernel._tuner.tuning.buckets)
+    rows = lambda m: (randn(m, 20), b, randn(m, 30))  # noqa: E731
+    assert tuner.choose(rows(40), {}) == CONFIGS[1] and tuner.tuned == 1
+    assert tuner.choose(rows(50), {}) == CONFIGS[1] and tuner.tuned == 1 and len(calls) == len(CONFIGS)
+    assert tuner.choose(rows(70), {}) == CONFIGS[1] and tuner.tuned == 2
+    keys = json.loads(next((cache / "autotune").rglob("*.json")).read_text())["entries"]
+    assert sorted(keys) == ["A:float32:<=128x20:s1 B:float32:20x30:s1 R:float32:<=128x30:s1",
+                            "A:float32:<=64x20:s1 B:float32:20x30:s1 R:float32:<=64x30:s1"]
 
 
 def test_a_later_candidate_must_win_by_the_margin(cache):
@@ -762,6 +779,9 @@ def test_problem_key_covers_sizes_dtypes_and_layout():
     assert autotune.problem_key({"A": a.half(), "B": b}) != key
     assert autotune.problem_key({"A": torch.randn(8, 5), "B": b}) != key
     assert autotune.problem_key({"A": a, "B": b[:, :1].expand(4, 6)}).endswith("s0")
+    rounded = autotune.problem_key({"A": torch.randn(5, 4), "B": b}, buckets=(("A", 0),))
+    assert rounded == "A:float32:<=8x4:s1 B:float32:4x6:s1"
+    assert autotune.problem_key({"A": torch.randn(7, 4), "B": b}, buckets=(("A", 0),)) == rounded
 
 
 def default_configs():

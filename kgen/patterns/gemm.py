@@ -60,7 +60,7 @@ import torch
 
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
-from ..ir import LEAVES, POINTWISE, KernelIR, Node, Op, topo_order
+from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, topo_order
 from ..lower import CALL, Line, Printer, config_text, helpers_for, statement_lines
 from .host import Host, check_locals, host
 
@@ -322,7 +322,8 @@ def match(kir: KernelIR) -> GemmPlan | None:
         epilogue_launch=epilogue_launch,
         operands=(a_name, b_name), interpreter=config_text(_config(INTERPRETER_CONFIG)),
         scheduled=any(k in SCHEDULE_KEYS and k not in ("TMA", "input_precision") for k in kir.schedule),
-        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name)))
+        tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
+                      buckets=_buckets(kir, mm.shape[-2])))
 
 
 def lower(kir: KernelIR) -> Lowered | None:
@@ -645,6 +646,15 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
 
 def _closest(value: int, allowed) -> int:
     return min(allowed, key=lambda v: (abs(math.log2(v) - math.log2(value)), v))
+
+
+def _buckets(kir: KernelIR, m: Dim) -> tuple[tuple[str, int], ...]:
+    """The tuning key's rounded axes: every tensor axis of the symbolic M (the output's
+    rows), so that one config serves each doubling of a varying batch of rows."""
+    if not isinstance(m, str):
+        return ()
+    return tuple((p.name, axis) for p in kir.params if not p.is_scalar
+                 for axis, d in enumerate(p.shape) if d == m)
 
 
 def _condition(max_m, max_mn) -> str:
