@@ -42,7 +42,7 @@ RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist",
                "n_rows", "n_cols",
                # Triton's launcher binds a kernel's arguments in a function of its own, beside
                # these names: a kernel parameter may not take them
-               "options", "backend", "specialize_impl", "JITCallable"})
+               "options", "params", "specialization", "backend", "specialize_impl", "JITCallable"})
 # Generated code derives names from a spec's (X_ptr, X_stride0) and has its own
 # constexprs (BLOCK_SIZE) and locals (idx0, size1): a spec's names stay clear of both.
 _RESERVED_PATTERN = re.compile(r"_|.*_(ptr|offs|stride\d*|size\d*|mask|kernel)$|(BLOCK|NUM|GROUP|USE|INT64)(_|$)"
