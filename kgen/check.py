@@ -12,8 +12,6 @@ import keyword
 import re
 from dataclasses import dataclass
 
-import torch
-
 from . import dtypes as D
 from . import syntax as S
 from .dtypes import DType
@@ -371,7 +369,6 @@ class _Checker:
             return Node(Op.CONST, dtype, (), (), e.value, e.span)
         if isinstance(e, S.Name):
             if e.id not in env:
-                known = set(env) | set(FUNCTIONS)
                 raise SpecError(f"unknown name '{e.id}'{did_you_mean(e.id, env)}", e.span)
             return env[e.id]
         if isinstance(e, S.Neg):

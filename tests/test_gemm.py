@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
-import os
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -18,7 +16,7 @@ import pytest
 import torch
 import triton
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kgen

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
-from ..ir import KernelIR, Op, POINTWISE, LEAVES, topo_order
+from ..ir import KernelIR, POINTWISE, LEAVES, topo_order
 from ..lower import Line, config_text, helpers_for, statement_lines
 from .host import Host, check_locals, host
 
