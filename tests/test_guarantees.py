@@ -163,7 +163,7 @@ def _template_names() -> list[str]:
 
 
 # (less the names of the specs below)
-TEMPLATE_NAMES = [n for n in _template_names() if n not in {"A", "B", "C", "X", "Y", "Z", "b", "w"}]
+TEMPLATE_NAMES = [n for n in _template_names() if n not in {"A", "B", "C", "X", "Y", "Z", "b", "w", "f", "P", "Q"}]
 F = torch.nn.functional
 
 
@@ -178,16 +178,21 @@ def _run_named(pattern: str, name: str, device: str):
     b = torch.randn(37, 5, device=device)
     if pattern == "gemm":
         return kgen.compile(f"{name} = X @ B\nY = leaky_relu({name}) + b")(x, b, w[:5]), F.leaky_relu(x @ b) + w[:5]
+    if pattern == "gemm_dim":
+        spec = f"kernel f(A: f32[{name}, Q], B: f32[Q, P]) -> C: f32[{name}, P] {{ C = relu(A @ B) }}"
+        return kgen.compile(spec)(x, b), torch.relu(x @ b)
     xs, bs = [x, x[:2, :7]], [b, b[:7, :3]]
-    got = kgen.compile(f"C = relu(A @ {name})")(xs, bs)
+    spec = f"kernel f(A: [f32[{name}, Q]], B: [f32[Q, P]]) -> C: [f32[{name}, P]] {{ C = relu(A @ B) }}"
+    got = kgen.compile(spec if pattern == "grouped_dim" else f"C = relu(A @ {name})")(xs, bs)
     return torch.cat([g.flatten() for g in got]), torch.cat([torch.relu(a @ c).flatten() for a, c in zip(xs, bs)])
 
 
 @FUZZ
-@given(st.sampled_from(TEMPLATE_NAMES), st.sampled_from(["elementwise", "row_reduce", "gemm", "grouped_gemm"]))
+@given(st.sampled_from(TEMPLATE_NAMES),
+       st.sampled_from(["elementwise", "row_reduce", "gemm", "gemm_dim", "grouped_gemm", "grouped_dim"]))
 def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
-    """A spec that names a value as the generated code names one of its own (a local, a
-    constexpr, a host variable) is refused, or computes what it says."""
+    """A spec that names a value or a dimension as the generated code names one of its own
+    (a local, a constexpr, a host variable) is refused, or computes what it says."""
     try:
         got, want = _run_named(pattern, name, DEVICE)
     except kgen.KgenError as e:

@@ -182,6 +182,8 @@ KERNEL_LOCALS = frozenset({
     "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K",
     "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms", "pid_k", "SPLIT_K",
     "split_k", "partials", "int64", "persistent", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "acc_lo", "acc_hi", "half"})
+# The host function's own locals: a spec's dimensions (host locals too) may not take them.
+HOST_LOCALS = frozenset({"config", "persistent", "A_T", "B_T", "num_sms", "num_tiles", "split_k", "partials"})
 
 
 @dataclass(frozen=True)
@@ -363,7 +365,7 @@ def lower(kir: KernelIR) -> Lowered | None:
                                f"{list(out_shape)}; only a batch dimension may be added", mm.span)
     a_input = _operand_input(lhs, "left")
     b_input = _operand_input(rhs, "right")
-    check_locals(kir, KERNEL_LOCALS, "GEMM kernel")
+    check_locals(kir, KERNEL_LOCALS, "GEMM kernel", dims=HOST_LOCALS)
     batched = len(out_shape) == 3
     rank = len(out_shape)
 

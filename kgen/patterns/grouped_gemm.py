@@ -152,7 +152,7 @@ SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
 KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
     "g", "G", "T", "tile_start", "tile_ends", "num_tiles", "row_start", "row_starts", "row_ends", "row_counts",
     "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm"})
-HOST_LOCALS = frozenset({"G", "table", "num_tiles", "layout", "config", "offs"})
+HOST_LOCALS = gemm.HOST_LOCALS | frozenset({"G", "T", "table", "layout", "offs"})
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         if not p.is_scalar and not p.is_list and p.name in low.tensors:
             raise UnsupportedError(f"'{p.name}' is one tensor in a grouped GEMM whose other inputs are lists; "
                                    f"make it a list ([{type_str(p.dtype, p.shape)}]), one per problem", p.span)
-    _check_names(kir, low)
+    check_locals(kir, KERNEL_LOCALS, "grouped GEMM", dims=HOST_LOCALS)
 
     params = {p.name: p for p in kir.params}
     outputs = list(low.outputs)
@@ -560,12 +560,3 @@ def prune_moe(configs, bound: dict, lhs: str, rhs: str):
     a, b = bound[lhs], bound[rhs]
     return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1], a,
                 2 * a.shape[0] * a.shape[1] * b.shape[2])
-
-
-def _check_names(kir: KernelIR, low: gemm.Lowered) -> None:
-    check_locals(kir, KERNEL_LOCALS, "grouped GEMM")
-    for p in kir.params:
-        for d in p.shape or ():
-            if isinstance(d, str) and d in HOST_LOCALS:
-                raise UnsupportedError(f"'{d}' is a name the generated grouped GEMM uses itself; rename the "
-                                       f"dimension", p.span)

@@ -35,12 +35,18 @@ def shape_expr(shape: Shape) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
-def check_locals(kir: KernelIR, taken: frozenset[str], what: str) -> None:
+def check_locals(kir: KernelIR, taken: frozenset[str], what: str, dims: frozenset[str] = frozenset()) -> None:
     """A spec's parameters and statements may not take a name that the generated kernel or
-    host function (``what``) defines for itself."""
+    host function (``what``) defines for itself, nor its dimensions (host locals) one of
+    ``dims``, the host function's own."""
     for name, span in [(p.name, p.span) for p in kir.params] + [(s.name, s.span) for s in kir.stmts]:
         if name in taken:
             raise UnsupportedError(f"'{name}' is a name the generated {what} uses itself; rename it", span)
+    for p in kir.params:
+        for d in p.shape or ():
+            if isinstance(d, str) and d in dims:
+                raise UnsupportedError(f"'{d}' is a name the generated {what} uses itself; rename the dimension",
+                                       p.span)
 
 
 def host(kir: KernelIR, inplace: bool = False) -> Host:
