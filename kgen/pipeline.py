@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from .check import Arg, check
 from .parse import parse, too_deep
 from .patterns import classify
-from .render import render
+from .render import defined_once, render
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ def generate(text: str, path: str = "<string>", args: dict[str, tuple[Arg, ...]]
     try:
         kernels = check(tree, args)
         plans = tuple(classify(k) for k in kernels)
-        return Generated(render(plans, path, text), plans, kernels)
+        source = render(plans, path, text)
+        defined_once(source, kernels)
+        return Generated(source, plans, kernels)
     except RecursionError:  # a statement nested deeper than Python's stack
         raise too_deep(text, path) from None

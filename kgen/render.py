@@ -5,6 +5,7 @@ missing field), and the output is deterministic byte for byte.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 from functools import lru_cache
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .errors import SpecError
 
 
 def template_dir() -> Path:
@@ -48,6 +50,28 @@ def render(plans, path: str, text: str) -> str:
     source = environment().get_template("module.jinja").render(
         version=__version__, path=comment_safe(path), sha=spec_hash(text), plans=plans, helpers=helpers)
     return _tidy(source)
+
+
+def defined_once(source: str, kernels) -> None:
+    """Each kernel's generated names are its own.  In a file of several kernels, one named
+    like another's generated code (``f`` and ``f_looped``: ``f``'s looped kernel is
+    ``f_looped_kernel``) would redefine it: an error at the kernel with the longer name."""
+    seen = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = [node.name]
+        else:
+            names = [t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)]
+        for name in names:
+            if name not in seen:
+                seen.add(name)
+                continue
+            owners = sorted((k for k in kernels if name == k.name or name.startswith((f"{k.name}_", f"_{k.name}_"))),
+                            key=lambda k: len(k.name))
+            culprit = owners[-1] if owners else kernels[-1]
+            other = f"kernel '{owners[0].name}'" if len(owners) > 1 else "another kernel"
+            raise SpecError(f"kernel '{culprit.name}': its generated {name} is also generated for {other}; "
+                            f"rename one of them", culprit.span)
 
 
 def _tidy(source: str) -> str:

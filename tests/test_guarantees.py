@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -199,6 +200,64 @@ def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
         assert f"'{name}'" in str(e)
         return
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@contextmanager
+def forced_chunk(columns: int):
+    """KGEN_FORCE_CHUNK set while kernels are generated (a context, not a fixture: Hypothesis
+    runs many examples per test call)."""
+    before = os.environ.get("KGEN_FORCE_CHUNK")
+    os.environ["KGEN_FORCE_CHUNK"] = str(columns)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KGEN_FORCE_CHUNK"]
+        else:
+            os.environ["KGEN_FORCE_CHUNK"] = before
+
+
+def _derived_suffixes() -> list[str]:
+    """What the templates append to a kernel's name (``_looped_kernel``, ``_moe``, ...), and
+    the same less a final ``_kernel``: second kernels that could meet the first's names."""
+    from kgen.render import template_dir
+    found = {m for path in template_dir().glob("*.jinja")
+             for m in re.findall(r"\{\{ plan\.name \}\}(_\w+)", path.read_text())}
+    return sorted(found | {s.removesuffix("_kernel") for s in found} - {""})
+
+
+# a body per pattern, and what torch computes for it on the inputs below
+KERNEL_BODIES = {
+    "elementwise": ("(X: f32[M, N]) -> Y: f32[M, N] { Y = X * 2.0 }", lambda x, b, xs, bs: x * 2),
+    "row_reduce": ("(X: f32[M, N]) -> Y: f32[M, N] { Y = X - max(X) }",
+                   lambda x, b, xs, bs: x - x.max(-1, keepdim=True).values),
+    "gemm": ("(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C = relu(A @ B) }", lambda x, b, xs, bs: torch.relu(x @ b)),
+    "grouped_gemm": ("(A: [f32[M, K]], B: [f32[K, N]]) -> C: [f32[M, N]] { C = relu(A @ B) }",
+                     lambda x, b, xs, bs: [torch.relu(p @ q) for p, q in zip(xs, bs)]),
+}
+
+
+@settings(max_examples=int(os.environ.get("KGEN_FUZZ_EXAMPLES", "170")) // 2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_derived_suffixes()), st.sampled_from(sorted(KERNEL_BODIES)),
+       st.sampled_from(sorted(KERNEL_BODIES)))
+def test_a_kernel_named_like_anothers_generated_code(suffix, first, second):
+    """In one file, kernel f and kernel f<suffix> (f_looped, f_moe, ...): refused at the
+    second when their generated names meet, else both compute what they say (rows 40
+    wide with 16-column chunks, so the row reductions take their looped kernels)."""
+    text = f"kernel f{KERNEL_BODIES[first][0]}\nkernel f{suffix}{KERNEL_BODIES[second][0]}\n"
+    try:
+        with forced_chunk(16):
+            kernels = kgen.compile(text)
+    except kgen.KgenError as e:
+        assert f"'f{suffix}'" in str(e) and str(e).startswith("<string>:2:")
+        return
+    x, b = torch.randn(3, 40, device=DEVICE), torch.randn(40, 5, device=DEVICE)
+    xs, bs = [x, x[:2, :7]], [b, b[:7, :3]]
+    for name, kind in (("f", first), (f"f{suffix}", second)):
+        args = (xs, bs) if kind == "grouped_gemm" else (x, b) if kind == "gemm" else (x,)
+        got, want = kernels[name](*args), KERNEL_BODIES[kind][1](x, b, xs, bs)
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("comment", ["\rimport os", "\x0cimport os", "\x0bimport os", "\u2028import os",
