@@ -19,6 +19,8 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
     if value.dtype != dtype or value.dim() != rank:
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+    if value.layout is not torch.strided:
+        raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a {value.layout} one")
 
 
 def _check_shape(name, value, expected, declared, source):
@@ -29,9 +31,15 @@ def _check_shape(name, value, expected, declared, source):
 
 
 def _check_scalar(name, value, kind):
+    """A scalar argument as the kernel takes it: an int32, or a float (f32 in the kernel)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
         raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
-    return kind(value)
+    if kind is int and not -2**31 <= value < 2**31:
+        raise ArgumentError(f"{name}: expected an int32 (-2**31 to 2**31 - 1), got an int outside that range")
+    try:
+        return kind(value)
+    except OverflowError:   # an int past the largest float
+        raise ArgumentError(f"{name}: expected a Python float, got an int too large for one") from None
 
 
 def _device(*named):
@@ -41,7 +49,7 @@ def _device(*named):
     for name, value in named[1:]:
         if value.device != device:
             raise ArgumentError(f"{name}: expected a tensor on {device} (where {first} is), got {value.device}")
-    if device.type != "cuda" and not triton.knobs.runtime.interpret:
+    if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
         raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
     return device
 
@@ -54,11 +62,11 @@ def _outputs(out, device, inputs, *specs, inplace=False):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
     for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                or value.device != device:
-            got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
+                or value.device != device or value.layout is not torch.strided:
+            got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
-                                f"got {got}")
+            raise ArgumentError(f"out ({name}): expected a dense {dtype} tensor of shape {tuple(shape)} on "
+                                f"{device}, got {got}")
         others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
         for other, tensor in others:
             same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
@@ -174,7 +182,7 @@ def _group_check(name, values, dtype, rank, declared):
     """The shapes of a list's tensors, each checked to be a tensor of `dtype` and `rank`."""
     try:
         shapes = [t.shape for t in values]
-        fine = {t.dtype for t in values} == {dtype} and {len(s) for s in shapes} == {rank}
+        fine = {(t.dtype, t.layout) for t in values} == {(dtype, torch.strided)} and {len(s) for s in shapes} == {rank}
     except AttributeError:
         fine = False
     if not fine:
@@ -192,7 +200,7 @@ def _group_device(*named):
                 if value.device != device:
                     raise ArgumentError(f"{name}[{i}]: expected a tensor on {device} (where {first} is), "
                                         f"got {value.device}")
-    if device.type != "cuda" and not triton.knobs.runtime.interpret:
+    if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
         raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
     return device
 
@@ -238,18 +246,19 @@ def _group_outputs(out, device, G, *specs):
             got = f"{len(values)} tensors" if isinstance(values, (list, tuple)) else type(values).__name__
             raise ArgumentError(f"out ({name}): expected a list of {G} tensors, got {got}")
         try:
-            fine = [t.shape for t in values] == shapes and {(t.dtype, t.device) for t in values} == {(dtype, device)}
+            fine = [t.shape for t in values] == shapes and \
+                {(t.dtype, t.device, t.layout) for t in values} == {(dtype, device, torch.strided)}
         except AttributeError:
             fine = False
         if fine:
             continue
         for i, (value, shape) in enumerate(zip(values, shapes)):
             if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                    or value.device != device:
-                got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
+                    or value.device != device or value.layout is not torch.strided:
+                got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
                     if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ArgumentError(f"out ({name}[{i}]): expected a {dtype} tensor of shape {tuple(shape)} on "
-                                    f"{device}, got {got}")
+                raise ArgumentError(f"out ({name}[{i}]): expected a dense {dtype} tensor of shape {tuple(shape)} "
+                                    f"on {device}, got {got}")
     return [list(values) for values in given]
 
 
@@ -348,6 +357,8 @@ def _group_scratch(size, alignment, stream):
 def _group_offs(offs, G, device, source):
     """The MoE form's row ends: a 1-D int32 or int64 tensor of G (a list of ints is copied over)."""
     if isinstance(offs, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
+        if not all(-2**31 <= o < 2**31 for o in offs):
+            raise ArgumentError("offs: expected int32 row ends, got a value outside int32")
         offs = torch.tensor(offs, dtype=torch.int32, pin_memory=device.type == "cuda")
         offs = offs.to(device, non_blocking=True)
     if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64) or offs.dim() != 1:

@@ -19,6 +19,8 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
     if value.dtype != dtype or value.dim() != rank:
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+    if value.layout is not torch.strided:
+        raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a {value.layout} one")
 
 
 def _check_shape(name, value, expected, declared, source):
@@ -29,9 +31,15 @@ def _check_shape(name, value, expected, declared, source):
 
 
 def _check_scalar(name, value, kind):
+    """A scalar argument as the kernel takes it: an int32, or a float (f32 in the kernel)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
         raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
-    return kind(value)
+    if kind is int and not -2**31 <= value < 2**31:
+        raise ArgumentError(f"{name}: expected an int32 (-2**31 to 2**31 - 1), got an int outside that range")
+    try:
+        return kind(value)
+    except OverflowError:   # an int past the largest float
+        raise ArgumentError(f"{name}: expected a Python float, got an int too large for one") from None
 
 
 def _device(*named):
@@ -41,7 +49,7 @@ def _device(*named):
     for name, value in named[1:]:
         if value.device != device:
             raise ArgumentError(f"{name}: expected a tensor on {device} (where {first} is), got {value.device}")
-    if device.type != "cuda" and not triton.knobs.runtime.interpret:
+    if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
         raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
     return device
 
@@ -54,11 +62,11 @@ def _outputs(out, device, inputs, *specs, inplace=False):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
     for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                or value.device != device:
-            got = f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}" \
+                or value.device != device or value.layout is not torch.strided:
+            got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
                 if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ArgumentError(f"out ({name}): expected a {dtype} tensor of shape {tuple(shape)} on {device}, "
-                                f"got {got}")
+            raise ArgumentError(f"out ({name}): expected a dense {dtype} tensor of shape {tuple(shape)} on "
+                                f"{device}, got {got}")
         others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
         for other, tensor in others:
             same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \

@@ -547,6 +547,8 @@ def test_moe_bad_offsets():
         k.moe(a, torch.randn(3, 9, 5, device=DEVICE), offs=[1, 2, 3])
     with pytest.raises(kgen.CallError, match="at least one problem"):
         k.moe(a, torch.randn(0, 8, 5, device=DEVICE), offs=[])
+    with pytest.raises(kgen.CallError, match="offs: expected int32 row ends"):
+        k.moe(a, w, offs=[5, 2**31, 10])
 
 
 def test_no_moe_form_for_a_plain_gemm():

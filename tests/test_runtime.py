@@ -64,6 +64,9 @@ def test_bad_calls_of_a_declared_kernel(bias_gelu, watch, args, kwargs, fragment
     ((x16(5), 0.5, 2.5), {}, ["n:", "expected a Python int", "got float"]),
     ((x16(5), "0.5"), {}, ["alpha:", "got str"]),
     ((x16(5),), {"n": torch.tensor(3)}, ["n:", "got Tensor"]),
+    ((x16(5), 0.5, 2**31), {}, ["n:", "expected an int32", "outside that range"]),
+    ((x16(5), 0.5, -2**31 - 1), {}, ["n:", "expected an int32"]),
+    ((x16(5), 10**400), {}, ["alpha:", "expected a Python float", "too large"]),
 ])
 def test_bad_scalar_arguments(act, watch, args, kwargs, fragments):
     launches = watch(act.module)
@@ -80,6 +83,9 @@ def test_scalar_arguments_accept_python_numbers(act):
     torch.testing.assert_close(act(x, 0.5, 3).double(), want.half().double(), atol=1e-3, rtol=2e-3)
     torch.testing.assert_close(act(x, 1, n=3).double(), (torch.where(x >= 0, x.double(), x.double()) * 3).half()
                                .double(), atol=1e-3, rtol=2e-3)
+    for n in (2**31 - 1, -2**31):     # the ends of int32 (the result overflows f16 to +-inf, as torch's does)
+        torch.testing.assert_close(act(x, 0.5, n).double(), (torch.where(x >= 0, x.double(), x.double() * 0.5) * n)
+                                   .half().double(), atol=1e-3, rtol=2e-3)
 
 
 HEADERLESS = "Y = X * sigmoid(X) + B"
@@ -185,3 +191,34 @@ def test_interpreter_is_announced_once(capfd, monkeypatch):
     rt.use_interpreter_if_no_gpu()
     err = capfd.readouterr().err
     assert err.count("TRITON_INTERPRET=1") == (0 if torch.cuda.is_available() else 1)
+
+
+# one spec per pattern, and dense arguments for it: (list form?, shapes of its inputs)
+PATTERN_SPECS = {
+    "specs/vector_add.k": (False, [(6,), (6,)]),
+    "specs/softmax.k": (False, [(3, 6)]),
+    "specs/matmul_leaky_relu.k": (False, [(4, 8), (8, 4)]),
+    "specs/grouped_gemm.k": (True, [(4, 8), (8, 4)]),
+}
+
+
+@pytest.mark.parametrize("spec", sorted(PATTERN_SPECS))
+@pytest.mark.parametrize("kind, message", [("sparse", "expected a dense tensor"), ("meta", "expected a CUDA tensor"),
+                                           ("sparse out", "expected a dense")])
+def test_sparse_and_meta_tensors_are_refused_before_any_launch(spec, kind, message, watch):
+    """Tensors without strided storage (sparse layouts, the meta device) get a CallError
+    naming the argument, never an exception from deep inside torch or Triton."""
+    k = kgen.compile(spec)
+    listed, shapes = PATTERN_SPECS[spec]
+    dtype = torch.float32 if spec.endswith("vector_add.k") else torch.float16
+    make = {"sparse": lambda s: torch.randn(s, dtype=dtype).to_sparse().to(DEVICE),
+            "meta": lambda s: torch.empty(s, dtype=dtype, device="meta")}.get(kind, lambda s: x16(*s).to(dtype))
+    args = [[make(s)] if listed else make(s) for s in shapes]
+    out = None
+    if kind == "sparse out":
+        dense = k(*args)
+        out = [o.to_sparse() for o in dense] if listed else dense.to_sparse()
+    launches = watch(k.module)
+    with pytest.raises(CallError, match=message):
+        k(*args, out=out)
+    assert launches.count == 0
