@@ -138,7 +138,7 @@ class _Builder(Transformer):
         raw = str(tok)
         is_int = raw.isdigit()
         value = int(raw) if is_int else float(raw)
-        if is_int and value >= 2**31:
+        if is_int and value >= 2**31 + negative:   # past int32 (whose least is -2**31): a float
             value = float(raw)
             is_int = False
         if not is_int and math.isinf(value):
@@ -189,8 +189,11 @@ class _Builder(Transformer):
         (tok,) = items
         return self._number(tok) if tok.type == "INT" else self._name(tok)
 
-    def signed_number(self, meta, items):
-        return self._number(items[-1], negative=len(items) == 2)
+    def positive_number(self, meta, items):
+        return self._number(items[0])
+
+    def negative_number(self, meta, items):
+        return self._number(items[0], negative=True)
 
     def schedule(self, meta, items):
         name, *choices = items

@@ -178,3 +178,13 @@ def test_syntax_tree_is_frozen():
     (k,) = parse("Y = X + 1").kernels
     with pytest.raises(AttributeError):
         k.body[0].target.id = "Z"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text, value", [("-0.5", -0.5), ("-5", -5), ("-2147483648", -2**31), ("2147483647", 2**31 - 1),
+                                         ("2147483648", 2.0**31), ("- 3", -3)])
+def test_defaults_keep_their_sign(text, value):
+    """A default's "-" is part of its value (int32 runs from -2**31; larger ints are floats)."""
+    (kernel,) = parse(f"kernel f(X: f32[N], a: f32 = {text}) -> Y: f32[N] {{ Y = X * a }}", "t.k").kernels
+    default = kernel.params[1].default
+    assert default.value == value and type(default.value) is type(value)
+    assert default.text == text.replace(" ", "")

@@ -222,3 +222,12 @@ def test_sparse_and_meta_tensors_are_refused_before_any_launch(spec, kind, messa
     with pytest.raises(CallError, match=message):
         k(*args, out=out)
     assert launches.count == 0
+
+
+def test_negative_defaults_are_used_as_written():
+    k = kgen.compile("kernel f(X: f32[N], a: f32 = -2.5, n: i32 = -2147483648) -> (Y: f32[N], Z: f32[N]) {\n"
+                     "    Y = X * a\n    Z = X + n\n}\n")
+    x = torch.arange(-3.0, 4.0, device=DEVICE)
+    y, z = k(x)
+    torch.testing.assert_close(y, x * -2.5)
+    torch.testing.assert_close(z, x + torch.tensor(-2**31, dtype=torch.int32, device=DEVICE))
