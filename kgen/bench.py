@@ -63,19 +63,25 @@ def parse_shape(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         try:
-            sizes[name.strip()] = int(eval_size(value))
+            sizes[name.strip()] = eval_size(value)
         except ValueError:
-            raise KgenError(f"--shape: expected NAME=SIZE such as M=64 or N=2**20, got {part!r}") from None
+            raise KgenError(f"--shape: expected NAME=SIZE such as M=64 or N=2**20 (0 <= SIZE < 2**40), "
+                            f"got {part!r}") from None
     return sizes
 
 
 def eval_size(text: str) -> int:
-    """``4096`` or ``2**20``: sizes are integers or powers, nothing else."""
-    text = text.strip()
-    if "**" in text:
-        base, _, exp = text.partition("**")
-        return int(base) ** int(exp)
-    return int(text)
+    """``4096`` or ``2**20``: sizes are integers or powers, nothing else, from 0 to below 2**40
+    (an exponent is bounded before it is raised)."""
+    base, _, exp = text.strip().partition("**")
+    size = int(base)
+    if exp:
+        if not 0 <= int(exp) < 64 or not 0 <= size < 2**40:
+            raise ValueError(text)
+        size **= int(exp)
+    if not 0 <= size < 2**40:
+        raise ValueError(text)
+    return size
 
 
 def symbols(kir: KernelIR) -> list[str]:
@@ -91,6 +97,10 @@ def sizes_for(kir: KernelIR, point: dict) -> dict[str, int]:
     """Concrete sizes for a sweep point (or an explicit NAME=SIZE mapping)."""
     syms = symbols(kir)
     if not any(k in point for k in ("numel", "rows", "square")):
+        unknown = [k for k in point if k not in syms and k != "groups"]
+        if unknown:
+            raise KgenError(f"--shape: {', '.join(unknown)} is not a dimension of {kir.name} "
+                            f"(its dimensions: {', '.join(syms) or 'none'})")
         missing = [s for s in syms if s not in point]
         return {**{s: 64 for s in missing}, **point}
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]

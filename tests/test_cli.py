@@ -211,3 +211,18 @@ def test_bench_times_kgen_and_baselines_in_turn_and_reports_medians():
 def test_bench_suites_are_the_ones_the_cli_offers():
     from kgen import cli, suites
     assert set(cli.SUITE_NAMES) == set(suites.SUITES)
+
+
+def test_run_checks_a_kernel_against_the_reference(project, capsys):
+    assert main(["run", "specs/vector_add.k", "--shape", "N=2**7"]) == 0
+    out = capsys.readouterr().out
+    assert "with N=128" in out and "z: torch.float32 (128,)  max abs error" in out
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("N=-3", "expected NAME=SIZE"), ("N=abc", "expected NAME=SIZE"), ("N=2**100000000", "SIZE < 2**40"),
+    ("N=2**-1", "expected NAME=SIZE"), ("Q=3", "Q is not a dimension of vector_add (its dimensions: N)"),
+])
+def test_run_refuses_a_bad_shape(project, capsys, shape, message):
+    assert main(["run", "specs/vector_add.k", "--shape", shape]) != 0
+    assert message in capsys.readouterr().err
