@@ -168,10 +168,12 @@ def bmm_kernel(
         # the epilogue, on the f32 accumulator
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         scale = tl.load(scale_ptr + pid_b * scale_stride0 + offs_m * scale_stride1, mask=offs_m < M)[:, None]
-        R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2, mask=mask).to(tl.float32)
+        R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2,
+                    mask=mask).to(tl.float32)
         # C = scale * (A @ W) + R
         C = scale * acc + R
-        tl.store(C_ptr + pid_b * C_stride0 + offs_m[:, None] * C_stride1 + offs_n[None, :] * C_stride2, C.to(tl.float16), mask=mask)
+        tl.store(C_ptr + pid_b * C_stride0 + offs_m[:, None] * C_stride1 + offs_n[None, :] * C_stride2,
+                 C.to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -197,13 +199,16 @@ def bmm_split_k_kernel(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, SPLIT_K):
-        acc += tl.load(partials_ptr + ((pid_b * SPLIT_K + k) * M + offs_m[:, None]) * N + offs_n[None, :], mask=mask, other=0.0)
+        acc += tl.load(partials_ptr + ((pid_b * SPLIT_K + k) * M + offs_m[:, None]) * N + offs_n[None, :], mask=mask,
+                       other=0.0)
     # the epilogue, on the f32 accumulator
     scale = tl.load(scale_ptr + pid_b * scale_stride0 + offs_m * scale_stride1, mask=offs_m < M)[:, None]
-    R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2, mask=mask).to(tl.float32)
+    R = tl.load(R_ptr + pid_b * R_stride0 + offs_m[:, None] * R_stride1 + offs_n[None, :] * R_stride2,
+                mask=mask).to(tl.float32)
     # C = scale * (A @ W) + R
     C = scale * acc + R
-    tl.store(C_ptr + pid_b * C_stride0 + offs_m[:, None] * C_stride1 + offs_n[None, :] * C_stride2, C.to(tl.float16), mask=mask)
+    tl.store(C_ptr + pid_b * C_stride0 + offs_m[:, None] * C_stride1 + offs_n[None, :] * C_stride2, C.to(tl.float16),
+             mask=mask)
 
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).

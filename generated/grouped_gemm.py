@@ -742,8 +742,9 @@ def grouped_gemm(A, B, *, out=None, config=None):
 
 
 def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
-    """A: f16[T, K], B: f16[G, K, N], offs: int32[G] -> C: f16[T, N]: the MoE layout (as torch._grouped_mm),
-    one GEMM per problem g on rows offs[g - 1] (0 for g = 0) to offs[g] of the [T, ...] tensors"""
+    """A: f16[T, K], B: f16[G, K, N], offs: int32[G] -> C: f16[T, N]:
+    the MoE layout (as torch._grouped_mm), one GEMM per problem g on rows offs[g - 1] (0 for g = 0)
+    to offs[g] of the [T, ...] tensors"""
     _check_tensor("A", A, torch.float16, 2, "f16[T, K]")
     T, K = A.shape
     _check_tensor("B", B, torch.float16, 3, "f16[G, K, N]")

@@ -763,8 +763,9 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
 
 
 def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
-    """X: f16[T, K], W: f16[G, K, N], b: f16[G, N], offs: int32[G] -> Y: f16[T, N]: the MoE layout (as torch._grouped_mm),
-    one GEMM per problem g on rows offs[g - 1] (0 for g = 0) to offs[g] of the [T, ...] tensors"""
+    """X: f16[T, K], W: f16[G, K, N], b: f16[G, N], offs: int32[G] -> Y: f16[T, N]:
+    the MoE layout (as torch._grouped_mm), one GEMM per problem g on rows offs[g - 1] (0 for g = 0)
+    to offs[g] of the [T, ...] tensors"""
     _check_tensor("X", X, torch.float16, 2, "f16[T, K]")
     T, K = X.shape
     _check_tensor("W", W, torch.float16, 3, "f16[G, K, N]")

@@ -199,7 +199,8 @@ def softmax_looped_kernel(
             m_chunk = tl.reduce(tl.where(mask, X, float("-inf")), 1, max_combine, keep_dims=True)
             m_new = tl.maximum(m, m_chunk, propagate_nan=tl.PropagateNan.ALL)
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            sum_e = sum_e * tl.exp(m - m_shift) + tl.sum(tl.where(mask, tl.exp(X - m_shift), 0.0), axis=1, keep_dims=True)
+            sum_e = sum_e * tl.exp(m - m_shift) + tl.sum(tl.where(mask, tl.exp(X - m_shift), 0.0), axis=1,
+                                                         keep_dims=True)
             m = m_new
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             # backward: the chunks the sweep before read last come first, from L2

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,7 +51,7 @@ def render(plans, path: str, text: str) -> str:
     helpers.sort(key=HELPERS.index)
     source = environment().get_template("module.jinja").render(
         version=__version__, path=comment_safe(path), sha=spec_hash(text), plans=plans, helpers=helpers)
-    return _tidy(source)
+    return _wrap(_tidy(source))
 
 
 def defined_once(source: str, kernels) -> None:
@@ -83,3 +85,54 @@ def _tidy(source: str) -> str:
         if blank <= 2:
             out.append(line)
     return "\n".join(out).strip("\n") + "\n"
+
+
+WIDTH = 120   # code lines longer than this are broken after a comma, as a person would
+
+
+def _wrap(source: str) -> str:
+    """Breaks each code line longer than WIDTH after commas inside brackets, the next part
+    lined up under the bracket's first character; a line with no such comma stays whole
+    (comments never break).  Commas inside strings, f-strings included, are not candidates,
+    so the choice is the same on every Python version."""
+    lines = source.split("\n")
+    long = {i + 1 for i, line in enumerate(lines) if len(line) > WIDTH}
+    if not long:
+        return source
+    commas: dict[int, list[tuple[int, int]]] = {row: [] for row in long}
+    opened, in_fstring = [], 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        name = tokenize.tok_name[tok.type]
+        if name == "FSTRING_START":
+            in_fstring += 1
+        elif name == "FSTRING_END":
+            in_fstring -= 1
+        elif tok.type == tokenize.OP and not in_fstring:
+            if tok.string in "([{":
+                opened.append(tok.start)
+            elif tok.string in ")]}":
+                opened.pop()
+            elif tok.string == "," and tok.start[0] in long and opened and opened[-1][0] == tok.start[0]:
+                commas[tok.start[0]].append((tok.end[1], opened[-1][1]))
+    out = []
+    for row, line in enumerate(lines, 1):
+        out += _broken(line, commas[row]) if row in long else [line]
+    return "\n".join(out)
+
+
+def _broken(line: str, commas: list[tuple[int, int]]) -> list[str]:
+    """``line`` in pieces, each ending at one of ``commas`` (column after the comma, column
+    of its open bracket), the longest that fit in WIDTH."""
+    pieces, start, indent, placed = [], 0, 0, {}
+    while indent + len(line) - start > WIDTH:
+        fits = [(end, bracket) for end, bracket in commas if start < end and indent + end - start <= WIDTH]
+        if not fits:
+            break
+        end, bracket = fits[-1]
+        for column in range(start, end):
+            placed.setdefault(column, indent + column - start)
+        pieces.append(" " * indent + line[start:end] if pieces else line[:end])
+        start = end + len(line[end:]) - len(line[end:].lstrip(" "))
+        indent = placed[bracket] + 1
+    pieces.append(" " * indent + line[start:] if pieces else line)
+    return pieces

@@ -2,6 +2,7 @@
 user who copied one would) and checked against torch; and they are up to date."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from kgen.pipeline import generate
 from kgen.reference import evaluate
+from kgen.render import WIDTH, _wrap
 
 from conftest import DEVICE
 
@@ -56,6 +58,30 @@ def test_generated_file_is_up_to_date(stem):
     spec = ROOT / "specs" / f"{stem}.k"
     assert (ROOT / "generated" / f"{stem}.py").read_text() == generate(spec.read_text(), f"specs/{stem}.k").source, \
         f"generated/{stem}.py is stale: run kgen build specs/{stem}.k"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "generated").glob("*.py")), ids=lambda p: p.stem)
+def test_generated_code_fits_in_the_width(path):
+    long = [f"{path.name}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
+            if len(line) > WIDTH and not line.lstrip().startswith("#")]
+    assert not long, f"code lines over {WIDTH} columns: {long}"
+
+
+def test_long_lines_are_broken_without_changing_the_code():
+    names = ", ".join(f"argument_{i}" for i in range(40))
+    source = (f"def f(a, b):\n"
+              f"    x = g({names}, h({names}), text=f\"{{a, b}}, {{b}}\")\n"
+              f"    y = {' + '.join(['a'] * 70)}\n"
+              f"    return x, y\n")
+    wrapped = _wrap(source)
+    assert ast.dump(ast.parse(wrapped)) == ast.dump(ast.parse(source))
+    lines = wrapped.splitlines()
+    assert len(lines) > len(source.splitlines())
+    assert all(len(line) <= WIDTH for line in lines if "a + a" not in line)
+    assert f"    y = {' + '.join(['a'] * 70)}" in lines          # nothing to break after: kept whole
+    assert 'text=f"{a, b}, {b}")' in wrapped                    # never inside a string
+    inner = next(line for line in lines if "h(" in line)
+    assert lines[lines.index(inner) + 1].startswith(" " * (inner.index("h(") + 2) + "argument_")
 
 
 def close(got, want):
