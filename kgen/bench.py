@@ -268,11 +268,11 @@ def bench(args) -> int:
             outs = _outputs_tuple(kernel(*ordered))
             flops = _flops(kernel.ir, inputs)
             moved = _bytes(inputs.values()) + _bytes(outs)
-            timed = {"kgen": lambda: kernel(*ordered), "eager": lambda: eager(*ordered)}
+            timed = {"kgen": lambda args=ordered: kernel(*args), "eager": lambda args=ordered: eager(*args)}
             if compiled is not None:
                 try:
                     compiled(*ordered)
-                    timed["compile"] = lambda: compiled(*ordered)
+                    timed["compile"] = lambda args=ordered: compiled(*args)
                 except Exception as e:  # a baseline that fails to compile is reported, not fatal
                     print(f"  torch.compile failed: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
             times = interleaved(timed, args.rounds, time_it)
