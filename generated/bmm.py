@@ -21,6 +21,8 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
     if value.layout is not torch.strided:
         raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a {value.layout} one")
+    if value.is_neg():   # a view whose negation torch applies lazily: the kernel would read the raw values
+        raise ArgumentError(f"{name}: expected a tensor without torch's lazy negation bit; call .resolve_neg() on it")
 
 
 def _check_shape(name, value, expected, declared, source):
@@ -57,31 +59,65 @@ def _device(*named):
 def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
-    given = [out] if isinstance(out, torch.Tensor) else list(out)
+    if isinstance(out, torch.Tensor):
+        given = [out]
+    elif isinstance(out, (list, tuple)):
+        given = list(out)
+    else:
+        wanted = "a tensor" if len(specs) == 1 else f"a tuple of {len(specs)} tensors"
+        raise ArgumentError(f"out: expected {wanted}, got {type(out).__name__}")
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
     for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
-        if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                or value.device != device or value.layout is not torch.strided:
-            got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-                if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ArgumentError(f"out ({name}): expected a dense {dtype} tensor of shape {tuple(shape)} on "
-                                f"{device}, got {got}")
+        _check_out(f"out ({name})", value, shape, dtype, device)
         others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
         for other, tensor in others:
-            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
-                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            # out= exactly an input (same elements, same type): each element is read before it is written
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.dtype == tensor.dtype \
+                and value.shape == tensor.shape and value.stride() == tensor.stride() and not other.endswith("(out)")
             if not same and _overlap(value, tensor):
                 raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
 
 
+def _check_out(label, value, shape, dtype, device):
+    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
+            or value.device != device or value.layout is not torch.strided or value.is_neg():
+        got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
+            + (" with torch's lazy negation bit" if value.is_neg() else "") \
+            if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
+                            f"got {got}")
+    if _self_overlapping(value):
+        raise ArgumentError(f"{label}: several of its elements share memory (a stride of 0?); "
+                            f"pass a tensor whose elements are distinct")
+
+
+def _span(t):
+    """The bytes from t's first element to the end of its last (a strided tensor's gaps included)."""
+    start = t.data_ptr()
+    return start, start + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _overlap(a, b):
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    # by address, not storage: two storages can alias one buffer (torch.from_numpy, DLPack)
+    if a.numel() == 0 or b.numel() == 0:
         return False
-    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
-             * t.element_size()) for t in (a, b)]
-    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _self_overlapping(t):
+    """Whether two of t's elements may share memory: a stride 0, or strides that interleave
+    (an output written from many programs at once must have distinct elements)."""
+    if t.numel() == 0:
+        return False
+    reach = 1   # elements spanned by the axes with smaller strides
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
+        if stride < reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def _needs_int64(*tensors):

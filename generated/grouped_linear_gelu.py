@@ -21,6 +21,8 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
     if value.layout is not torch.strided:
         raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a {value.layout} one")
+    if value.is_neg():   # a view whose negation torch applies lazily: the kernel would read the raw values
+        raise ArgumentError(f"{name}: expected a tensor without torch's lazy negation bit; call .resolve_neg() on it")
 
 
 def _check_shape(name, value, expected, declared, source):
@@ -57,31 +59,65 @@ def _device(*named):
 def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
         return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
-    given = [out] if isinstance(out, torch.Tensor) else list(out)
+    if isinstance(out, torch.Tensor):
+        given = [out]
+    elif isinstance(out, (list, tuple)):
+        given = list(out)
+    else:
+        wanted = "a tensor" if len(specs) == 1 else f"a tuple of {len(specs)} tensors"
+        raise ArgumentError(f"out: expected {wanted}, got {type(out).__name__}")
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
     for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
-        if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                or value.device != device or value.layout is not torch.strided:
-            got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-                if isinstance(value, torch.Tensor) else type(value).__name__
-            raise ArgumentError(f"out ({name}): expected a dense {dtype} tensor of shape {tuple(shape)} on "
-                                f"{device}, got {got}")
+        _check_out(f"out ({name})", value, shape, dtype, device)
         others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
         for other, tensor in others:
-            same = inplace and value.data_ptr() == tensor.data_ptr() and value.shape == tensor.shape \
-                and value.stride() == tensor.stride() and not other.endswith("(out)")
+            # out= exactly an input (same elements, same type): each element is read before it is written
+            same = inplace and value.data_ptr() == tensor.data_ptr() and value.dtype == tensor.dtype \
+                and value.shape == tensor.shape and value.stride() == tensor.stride() and not other.endswith("(out)")
             if not same and _overlap(value, tensor):
                 raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
 
 
+def _check_out(label, value, shape, dtype, device):
+    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
+            or value.device != device or value.layout is not torch.strided or value.is_neg():
+        got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
+            + (" with torch's lazy negation bit" if value.is_neg() else "") \
+            if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
+                            f"got {got}")
+    if _self_overlapping(value):
+        raise ArgumentError(f"{label}: several of its elements share memory (a stride of 0?); "
+                            f"pass a tensor whose elements are distinct")
+
+
+def _span(t):
+    """The bytes from t's first element to the end of its last (a strided tensor's gaps included)."""
+    start = t.data_ptr()
+    return start, start + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _overlap(a, b):
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    # by address, not storage: two storages can alias one buffer (torch.from_numpy, DLPack)
+    if a.numel() == 0 or b.numel() == 0:
         return False
-    ends = [(t.data_ptr(), t.data_ptr() + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
-             * t.element_size()) for t in (a, b)]
-    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _self_overlapping(t):
+    """Whether two of t's elements may share memory: a stride 0, or strides that interleave
+    (an output written from many programs at once must have distinct elements)."""
+    if t.numel() == 0:
+        return False
+    reach = 1   # elements spanned by the axes with smaller strides
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
+        if stride < reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def _needs_int64(*tensors):
@@ -182,7 +218,8 @@ def _group_check(name, values, dtype, rank, declared):
     """The shapes of a list's tensors, each checked to be a tensor of `dtype` and `rank`."""
     try:
         shapes = [t.shape for t in values]
-        fine = {(t.dtype, t.layout) for t in values} == {(dtype, torch.strided)} and {len(s) for s in shapes} == {rank}
+        fine = {(t.dtype, t.layout, t.is_neg()) for t in values} == {(dtype, torch.strided, False)} \
+            and {len(s) for s in shapes} == {rank}
     except AttributeError:
         fine = False
     if not fine:
@@ -217,7 +254,7 @@ def _group_dims(name, shapes, axis, expected, symbol, source):
         raise ArgumentError(f"{name}[{i}]: expected {symbol} = {wants[i]}{origin}, got {sizes[i]}")
 
 
-def _group_outputs(out, device, G, *specs):
+def _group_outputs(out, device, G, inputs, *specs):
     """Per output, a list of G [M, N] tensors: the caller's (out=: the list, or a tuple of
     lists for several outputs), checked, or new ones carved from one allocation (stacked
     rows where N is the same for all, else each starting at a multiple of 128 bytes)."""
@@ -238,6 +275,8 @@ def _group_outputs(out, device, G, *specs):
             flat = torch.empty(total, dtype=dtype, device=device)
             results.append([flat.as_strided((m, n), (n, 1), start) for (m, n), start in zip(shapes, starts)])
         return results
+    if len(specs) > 1 and not isinstance(out, (list, tuple)):
+        raise ArgumentError(f"out: expected a tuple of {len(specs)} lists of tensors, got {type(out).__name__}")
     given = [out] if len(specs) == 1 else list(out)
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} lists of tensors, got {len(given)}")
@@ -245,21 +284,28 @@ def _group_outputs(out, device, G, *specs):
         if not isinstance(values, (list, tuple)) or len(values) != G:
             got = f"{len(values)} tensors" if isinstance(values, (list, tuple)) else type(values).__name__
             raise ArgumentError(f"out ({name}): expected a list of {G} tensors, got {got}")
-        try:
-            fine = [t.shape for t in values] == shapes and \
-                {(t.dtype, t.device, t.layout) for t in values} == {(dtype, device, torch.strided)}
-        except AttributeError:
-            fine = False
-        if fine:
-            continue
         for i, (value, shape) in enumerate(zip(values, shapes)):
-            if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
-                    or value.device != device or value.layout is not torch.strided:
-                got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-                    if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ArgumentError(f"out ({name}[{i}]): expected a dense {dtype} tensor of shape {tuple(shape)} "
-                                    f"on {device}, got {got}")
-    return [list(values) for values in given]
+            _check_out(f"out ({name}[{i}])", value, shape, dtype, device)
+    given = [list(values) for values in given]
+    _group_disjoint(inputs, [(name, values) for values, (name, _, _) in zip(given, specs)])
+    return given
+
+
+def _group_disjoint(inputs, outputs):
+    """No output element shares memory with an input or another output (inputs may share
+    memory with each other): one sweep over the tensors' byte spans, in address order."""
+    spans = sorted((*_span(t), is_out, f"{name}[{i}]") for is_out, named in ((False, inputs), (True, outputs))
+                   for name, values in named for i, t in enumerate(values) if t.numel())
+    reach, reach_out = (0, ""), (0, "")   # the furthest end so far: of any tensor, of an output
+    for start, end, is_out, label in spans:
+        hit, where = reach if is_out else reach_out
+        if start < hit:
+            culprit, other = (label, where) if is_out else (where, label)
+            raise ArgumentError(f"out ({culprit}): overlaps {other} in memory; pass separate tensors")
+        if end > reach[0]:
+            reach = (end, f"{label} (out)" if is_out else label)
+        if is_out and end > reach_out[0]:
+            reach_out = (end, label)
 
 
 # (device, tiles, vector width, sizes, addresses, strides) -> (table on the device, tiles, layout constexprs)
@@ -354,8 +400,11 @@ def _group_scratch(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _group_offs(offs, G, device, source):
-    """The MoE form's row ends: a 1-D int32 or int64 tensor of G (a list of ints is copied over)."""
+def _group_offs(offs, G, device, source, T, rows):
+    """The MoE form's row ends: a 1-D int32 or int64 tensor of G (a list of ints is copied over);
+    the kernel holds row numbers in int32."""
+    if T >= 2**31:
+        raise ArgumentError(f"{rows}: expected fewer than 2**31 rows, got {T}")
     if isinstance(offs, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
         if not all(-2**31 <= o < 2**31 for o in offs):
             raise ArgumentError("offs: expected int32 row ends, got a value outside int32")
@@ -742,7 +791,7 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
     _group_dims("W", W_shapes, 0, K, "K", "X")
     N = [s[1] for s in W_shapes]
     _group_dims("b", b_shapes, 0, N, "N", "W")
-    Y, = _group_outputs(out, device, G, ("Y", list(zip(M, N)), torch.float16))
+    Y, = _group_outputs(out, device, G, (("X", X), ("W", W), ("b", b)), ("Y", list(zip(M, N)), torch.float16))
     if config is None:
         config = _grouped_linear_gelu_config(M, N, K, device)
     table, num_tiles, layout = _group_table(device, M, N, K, (("X", X), ("W", W), ("b", b), ("Y", Y)), config, 8)
@@ -775,7 +824,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     _check_tensor("b", b, torch.float16, 2, "f16[G, N]")
     _check_shape("b", b, (G, N), "f16[G, N]", "W")
     device = _device(("X", X), ("W", W), ("b", b))
-    offs = _group_offs(offs, G, device, "W")
+    offs = _group_offs(offs, G, device, "W", T, "X")
     Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)), ("Y", (T, N), torch.float16))
     if Y.numel() == 0:
         return Y

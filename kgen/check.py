@@ -120,19 +120,37 @@ def headerless_inputs(kernel: S.Kernel) -> tuple[tuple[str, ...], tuple[str, ...
     return tuple(inputs), tuple(reversed(outputs))
 
 
+def matmul_lhs_inputs(kernel: S.Kernel) -> tuple[str, ...]:
+    """The inputs that the left operand of a headerless kernel's first '@' reads, directly
+    or through the statements it names, in order of appearance (the MoE form's rows)."""
+    values = {stmt.target.id: stmt.value for stmt in kernel.body}
+    mm = next((e for stmt in kernel.body for e in _walk(stmt.value) if isinstance(e, S.BinOp) and e.op == "@"), None)
+    found, pending = [], _names_read(mm.left) if mm else []
+    while pending:
+        name = pending.pop(0)
+        if name in values:
+            pending = _names_read(values.pop(name)) + pending
+        elif name not in found:
+            found.append(name)
+    return tuple(found)
+
+
 def _names_read(expr: S.Expr) -> list[str]:
-    out, stack = [], [expr]
+    return [e.id for e in _walk(expr) if isinstance(e, S.Name)]
+
+
+def _walk(expr: S.Expr):
+    """The expression's nodes, each before its operands, left to right."""
+    stack = [expr]
     while stack:
         e = stack.pop()
-        if isinstance(e, S.Name):
-            out.append(e.id)
-        elif isinstance(e, S.Call):
+        yield e
+        if isinstance(e, S.Call):
             stack.extend(reversed([*e.args, *(v for _, v in e.kwargs)]))
         elif isinstance(e, S.BinOp):
             stack.extend([e.right, e.left])
         elif isinstance(e, S.Neg):
             stack.append(e.operand)
-    return out
 
 
 def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], schedule) -> KernelIR:

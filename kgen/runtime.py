@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes as D
-from .check import Arg, headerless_inputs
+from .check import Arg, headerless_inputs, matmul_lhs_inputs
 from .errors import CallError, KgenError, SpecError
 from .parse import parse
 from .pipeline import Generated, generate
@@ -130,18 +130,24 @@ class Kernel:
             return host(*args, config=config, **kwargs)
         except self._argument_error as e:
             raise CallError(f"{label}: {e}") from None
-        except TypeError as e:
-            if e.__traceback__.tb_next is None:  # raised binding the arguments, not inside
+        except Exception as e:
+            if isinstance(e, TypeError) and e.__traceback__.tb_next is None:  # raised binding the arguments
                 raise CallError(f"{signature}: {e}") from None
+            if "config" in kwargs:   # a config given by hand that the host function or Triton refused
+                why = (str(e).strip().splitlines() or [""])[0][:200]
+                raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
+                                f"({type(e).__name__}: {why})") from None
             raise
 
-    def moe(self, *args, offs, **kwargs):
+    def moe(self, *args, offs=None, **kwargs):
         """A grouped GEMM in the MoE layout (as ``torch._grouped_mm(A, B, offs=offs)``): each
         list parameter is one tensor, its problems' rows stacked (``[T, ...]``, problem g
         owning rows ``offs[g - 1]`` to ``offs[g]``) when its per-problem shape starts with M,
         else its problems stacked (``[G, ...]``); returns the outputs' ``[T, N]`` tensors."""
         if self._moe_host is None:
             raise CallError(f"{self.name}: no MoE form: {self._moe_why}")
+        if offs is None:
+            raise CallError(f"{self.name}.moe: missing offs=, where each problem's rows end")
         kwargs["offs"] = offs
         return self._run(self._moe_host, self._moe_tuner, f"{self.name}.moe",
                          f"{self.name}.moe({', '.join(self.inputs)}, *, offs)", args, kwargs)
@@ -159,6 +165,7 @@ class HeaderlessKernel:
         module = parse(text, path)
         self._syntax = module.kernels[0]
         self.inputs, self.outputs = headerless_inputs(self._syntax)
+        self._lhs = matmul_lhs_inputs(self._syntax)
         self._kernels: dict[tuple, Kernel] = {}
         self._last: Kernel | None = None
 
@@ -175,19 +182,24 @@ class HeaderlessKernel:
         self._last = kernel
         return kernel(*args, out=out)
 
-    def moe(self, *args, offs, out=None, **kwargs):
+    def moe(self, *args, offs=None, out=None, **kwargs):
         """The grouped GEMM of these statements in the MoE layout (see ``Kernel.moe``).  The
         call decides what each tensor is: rank 3, problems stacked ``[G, ...]``; rank 2,
-        rows stacked ``[T, ...]`` when it has as many rows as the first 2-D input, else
-        problems stacked; rank 0 or 1, problems stacked."""
+        rows stacked ``[T, ...]`` when it has as many rows as the matmul's left operand
+        (the first 2-D input it reads), else problems stacked; rank 0 or 1, problems stacked."""
+        if offs is None:
+            raise CallError("moe: missing offs=, where each problem's rows end")
         if kwargs:
             args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
-        first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() == 2), None)
+        named = [(name, a) for name, a in zip(self.inputs, args) if isinstance(a, torch.Tensor) and a.dim() == 2]
+        first = next((a for name, a in named if name in self._lhs), named[0][1] if named else None)
         if first is None:
             raise CallError("moe: expected a 2-D tensor whose rows are the problems' rows (A: [T, K])")
-        rows, groups = first.shape[0], len(offs) if isinstance(offs, (list, tuple, torch.Tensor)) else None
+        groups = len(offs) if isinstance(offs, (list, tuple)) else \
+            offs.shape[0] if isinstance(offs, torch.Tensor) and offs.dim() == 1 else None
+        rows = first.shape[0]
         key = []
         for name, a in zip(self.inputs, args):
             if not isinstance(a, torch.Tensor):

@@ -551,6 +551,63 @@ def test_moe_bad_offsets():
         k.moe(a, w, offs=[5, 2**31, 10])
 
 
+def test_moe_calls_without_offs_or_with_too_many_rows():
+    k, declared = compiled("C = A @ B"), kgen.compile("specs/grouped_gemm.k")
+    a, w = randn(10, 8), torch.randn(3, 8, 5, device=DEVICE)
+    with pytest.raises(kgen.CallError, match="missing offs="):
+        k.moe(a, w)
+    with pytest.raises(kgen.CallError, match="grouped_gemm.moe: missing offs="):
+        declared.moe(a.half(), w.half())
+    with pytest.raises(kgen.CallError, match="offs: expected a 1-D int32 tensor"):
+        k.moe(a, w, offs=torch.tensor(3, dtype=torch.int32, device=DEVICE))
+    tall = torch.zeros(1, 8, device=DEVICE).expand(2**31, 8)    # row numbers past int32
+    with pytest.raises(kgen.CallError, match="A: expected fewer than 2\\*\\*31 rows"):
+        k.moe(tall, w, offs=[1, 2, 3])
+
+
+def test_headerless_moe_takes_its_rows_from_the_matmul_operand():
+    """The MoE form reads T from the matmul's left operand, wherever it comes in the inputs
+    (here after a [G, N] bias that is also 2-D)."""
+    k = compiled("Y = b + X @ W")
+    b, x, w = randn(3, 6), randn(10, 8), torch.randn(3, 8, 6, device=DEVICE)
+    offs = [3, 7, 10]
+    want = moe_reference(x, w, offs, lambda y, g: y + b[g].double())
+    assert_close(k.moe(b, x, w, offs=offs), want, moe_bound(x, w, offs))
+
+
+def test_grouped_inputs_that_are_not_lists():
+    k = kgen.compile("specs/grouped_gemm.k")
+    a, b = randn(4, 8, dtype=torch.float16), randn(8, 4, dtype=torch.float16)
+    for bad in (a, a.cpu().numpy()):
+        with pytest.raises(kgen.CallError, match="A: expected a list of tensors"):
+            k(bad, [b])
+
+
+def test_out_lists_that_overlap_are_refused(watch):
+    """out= lists are checked like single outputs: no output over an input (the problems'
+    tiles would read what others wrote), no two outputs over one element."""
+    k = kgen.compile("specs/grouped_gemm.k")
+    a = [randn(16, 16, dtype=torch.float16) for _ in range(2)]
+    b = [randn(16, 16, dtype=torch.float16) for _ in range(2)]
+    shared = torch.empty(16, 16, device=DEVICE, dtype=torch.float16)
+    cases = {
+        "C\\[0\\]\\): overlaps A\\[0\\]": [a[0], torch.empty_like(a[0])],
+        "C\\[1\\]\\): overlaps B\\[0\\]": [torch.empty_like(a[0]), b[0][:, :16]],
+        "overlaps C\\[0\\] \\(out\\)": [shared, shared],
+        "C\\[1\\]\\): several of its elements share memory": [shared, shared[:1].expand(16, 16)],
+    }
+    launches = watch(k.module)
+    for words, out in cases.items():
+        with pytest.raises(kgen.CallError, match=words):
+            k(a, b, out=out)
+    assert launches.count == 0
+    out = [torch.empty_like(a[0]), torch.empty_like(a[1])]
+    got = k(a, b, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    for g, x, y in zip(got, a, b):
+        assert_close(g, x.double() @ y.double(), bound(x, y))
+
+
 def test_no_moe_form_for_a_plain_gemm():
     with pytest.raises(kgen.CallError, match="no MoE form"):
         kgen.compile("specs/linear_gelu.k").moe(randn(4, 4), randn(1, 4, 4), randn(1, 4), offs=[4])

@@ -231,3 +231,75 @@ def test_negative_defaults_are_used_as_written():
     y, z = k(x)
     torch.testing.assert_close(y, x * -2.5)
     torch.testing.assert_close(z, x + torch.tensor(-2**31, dtype=torch.int32, device=DEVICE))
+
+
+def _negated(shape, dtype):
+    """A tensor carrying torch's lazy negation bit: the imaginary part of a conjugate view."""
+    complex_dtype = torch.complex64 if dtype == torch.float32 else torch.chalf
+    return torch.zeros(shape, dtype=complex_dtype, device=DEVICE).conj().imag
+
+
+HAZARDS = {
+    # what is wrong with the call -> the CallError's words
+    "out of another type": r"out( \(C\))?: expected a",
+    "out with a stride of 0": "share memory",
+    "out aliasing an input's bytes": "overlaps",
+    "negated input": "negation bit",
+    "negated out": "negation bit",
+}
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("spec", sorted(PATTERN_SPECS))
+@pytest.mark.parametrize("hazard", sorted(HAZARDS))
+def test_unsafe_outputs_and_negated_tensors_are_refused_before_any_launch(spec, hazard, watch):
+    """Every pattern refuses, before any launch: an out= that is not a tensor (or list), an
+    out whose elements share memory, an out over an input's bytes (through another storage
+    too), and tensors whose negation torch applies lazily (the kernel would read the raw
+    values and return wrong signs)."""
+    k = kgen.compile(spec)
+    listed, shapes = PATTERN_SPECS[spec]
+    dtype = torch.float32 if spec.endswith("vector_add.k") else torch.float16
+    base = torch.randn(1 + torch.Size(shapes[0]).numel(), device=DEVICE).to(dtype)
+    args = [base[:-1].view(shapes[0])] + [torch.randn(s, device=DEVICE).to(dtype) for s in shapes[1:]]
+    shape = k(*([a] for a in args))[0].shape if listed else k(*args).shape
+    # one element past the input's first: another storage over the same bytes where torch can make one
+    shifted = torch.frombuffer(base.numpy(), dtype=dtype)[1:] if DEVICE == "cpu" else base[1:]
+    out = {"out of another type": lambda: 5,
+           "out with a stride of 0": lambda: torch.empty(1, device=DEVICE, dtype=dtype).expand(shape),
+           "out aliasing an input's bytes": lambda: shifted[:shape.numel()].view(shape),
+           "negated out": lambda: _negated(shape, dtype)}.get(hazard, lambda: None)()
+    if hazard == "negated input":
+        args[0] = _negated(args[0].shape, dtype)
+    if listed:
+        args, out = [[a] for a in args], out if out is None or isinstance(out, int) else [out]
+    launches = watch(k.module)
+    with pytest.raises(CallError, match=HAZARDS[hazard]):
+        k(*args, out=out)
+    assert launches.count == 0
+
+
+def test_out_exactly_an_input_must_also_have_its_element_type():
+    """out= may be an input itself (each element is read before it is written), but not the
+    same bytes read as another type: f16 elements under an f32 output are overwritten
+    before later programs read them."""
+    k = kgen.compile("y = f32(x)")
+    buf = torch.empty(64, device=DEVICE)
+    x = buf.view(torch.float16)[:64]
+    x.copy_(torch.randn(64, device=DEVICE))
+    with pytest.raises(CallError, match="overlaps x"):
+        k(x, out=buf)
+    inplace = kgen.compile("y = x * 2 + 1")
+    z = torch.randn(64, device=DEVICE)
+    want = z * 2 + 1
+    assert inplace(z, out=z) is z
+    torch.testing.assert_close(z, want)
+
+
+def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error(watch):
+    k = kgen.compile(ROOT / "specs" / "vector_add.k")
+    x = torch.randn(8, device=DEVICE)
+    for config, words in [({}, "KeyError"), (5, "TypeError"), ({"BLOCK_SIZE": 3, "num_warps": 4}, "power of 2")]:
+        with pytest.raises(CallError, match=f"config=.*does not fit this kernel.*{words}"):
+            k(x, x, config=config)
+    torch.testing.assert_close(k(x, x, config={"BLOCK_SIZE": 4, "num_warps": 1}), x + x)

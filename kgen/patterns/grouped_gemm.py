@@ -275,7 +275,9 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     checks, sizes = _list_host(kir, low, params)
     h = host(kir)
     outs = ", ".join(f'("{o}", list(zip({sizes[0]}, {sizes[1]})), {torch_dtype(dtypes[o])})' for o in outputs)
-    allocate = f"{', '.join(outputs)}{',' if len(outputs) == 1 else ''} = _group_outputs(out, device, G, {outs})"
+    inputs = [f'("{params[t].name}", {params[t].name})' for t in low.tensors]
+    allocate = (f"{', '.join(outputs)}{',' if len(outputs) == 1 else ''} = _group_outputs(out, device, G, "
+                f"({', '.join(inputs)}{',' if len(inputs) == 1 else ''}), {outs})")
     docstring = _list_doc(kir, low)
 
     # The TMA variants: operands read as they are (no prologue), two tensors, 16-bit.
@@ -389,7 +391,8 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     h = host(mkir)
     signature = h.signature.replace("*, out=None", "*, offs, out=None") + ", config=None"
     first = next(t for t in low.tensors if not ragged[t])
-    offs = f'offs = _group_offs(offs, {G}, device, "{first}")'
+    rows = next(t for t in low.tensors if ragged[t])
+    offs = f'offs = _group_offs(offs, {G}, device, "{first}", {T}, "{rows}")'
     pointers, strides, bases, launch_strides = {}, {}, {}, {}
     for t in list(low.tensors) + list(low.outputs):
         axes = sorted(low.strides[t] | ({0} if ragged[t] else set()))
@@ -496,9 +499,9 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
     remembered per tuple of shapes and strides, which is all that is read each time."""
     values = _bind(args, kwargs, names)
     a, b = values.get(lhs), values.get(rhs)
+    if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or not a or len(a) != len(b):
+        return None
     try:
-        if not a or len(a) != len(b):
-            return None
         seen = (a[0].dtype, *[t.shape for t in a], *[t.shape for t in b],
                 *[t.stride() for t in a], *[t.stride() for t in b])
     except (TypeError, AttributeError, IndexError):
