@@ -33,7 +33,11 @@ def _check_shape(name, value, expected, declared, source):
 
 
 def _check_scalar(name, value, kind):
-    """A scalar argument as the kernel takes it: an int32, or a float (f32 in the kernel)."""
+    """A scalar argument as the kernel takes it: a bool, an int32, or a float (f32 in the kernel)."""
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ArgumentError(f"{name}: expected a Python bool, got {type(value).__name__}")
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
         raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
     if kind is int and not -2**31 <= value < 2**31:

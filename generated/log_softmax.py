@@ -33,7 +33,11 @@ def _check_shape(name, value, expected, declared, source):
 
 
 def _check_scalar(name, value, kind):
-    """A scalar argument as the kernel takes it: an int32, or a float (f32 in the kernel)."""
+    """A scalar argument as the kernel takes it: a bool, an int32, or a float (f32 in the kernel)."""
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ArgumentError(f"{name}: expected a Python bool, got {type(value).__name__}")
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
         raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
     if kind is int and not -2**31 <= value < 2**31:
@@ -238,6 +242,8 @@ def log_softmax_looped_kernel(
             row_sum = row_sum * tl.exp(m - m_shift) + tl.sum(tl.where(mask, tl.exp(X - m_shift), 0.0), axis=1,
                                                              keep_dims=True)
             m = m_new
+        # m = max(X, axis=-1); sum(exp(shifted), axis=-1)
+        row_sum = tl.where(m == float("-inf"), float("nan"), row_sum)
         for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
             # backward: the chunks the sweep before read last come first, from L2
             col = (last0 - col0) + tl.arange(0, BLOCK_N)[None, :]

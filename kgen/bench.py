@@ -93,16 +93,18 @@ def symbols(kir: KernelIR) -> list[str]:
     return seen
 
 
-def sizes_for(kir: KernelIR, point: dict) -> dict[str, int]:
-    """Concrete sizes for a sweep point (or an explicit NAME=SIZE mapping)."""
+def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] = frozenset()) -> dict[str, int]:
+    """Concrete sizes for a point of SWEEPS (``sweep``), or for a NAME=SIZE mapping from
+    --shape: the kernel's own dimensions, 64 where not given; names that another kernel of
+    the file has (``known``) are left to it."""
     syms = symbols(kir)
-    if not any(k in point for k in ("numel", "rows", "square")):
-        unknown = [k for k in point if k not in syms and k != "groups"]
+    if not sweep:
+        unknown = [k for k in point if k not in syms and k not in known and k != "groups"]
         if unknown:
             raise KgenError(f"--shape: {', '.join(unknown)} is not a dimension of {kir.name} "
                             f"(its dimensions: {', '.join(syms) or 'none'})")
-        missing = [s for s in syms if s not in point]
-        return {**{s: 64 for s in missing}, **point}
+        given = {k: v for k, v in point.items() if k in syms or k == "groups"}
+        return {**{s: 64 for s in syms if s not in given}, **given}
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
     if "square" in point:
         return {s: point["square"] for s in syms}
@@ -121,7 +123,7 @@ def make_inputs(kir: KernelIR, sizes: dict[str, int], device, dtype: D.DType | N
     args = {}
     for p in kir.params:
         if p.is_scalar:
-            args[p.name] = p.default if p.default is not None else (0.5 if p.dtype.is_float else 3)
+            args[p.name] = p.default if p.default is not None else (0.5, 3, True)[2 - p.dtype.category]
             continue
         shape = tuple(d if isinstance(d, int) else sizes[d] for d in p.shape)
         want = dtype if dtype is not None and p.dtype.is_float else p.dtype
@@ -178,8 +180,10 @@ def run_once(args) -> int:
     interpreted = use_interpreter_if_no_gpu()
     device = "cpu" if interpreted else "cuda"
     worst = 0.0
-    for kernel in _single_kernel(args.path, dtype):
-        sizes = sizes_for(kernel.ir, parse_shape(args.shape))
+    kernels = _single_kernel(args.path, dtype)
+    known = {s for kernel in kernels for s in symbols(kernel.ir)}
+    for kernel in kernels:
+        sizes = sizes_for(kernel.ir, parse_shape(args.shape), known=known)
         inputs = make_inputs(kernel.ir, sizes, device, None, args.seed)
         ordered = [inputs[n] for n in kernel.inputs]
         start = time.perf_counter()
@@ -255,12 +259,14 @@ def bench(args) -> int:
     dtype = _dtype_arg(args.dtype)
     kernels = _single_kernel(args.path, dtype)
     rows: list[Row] = []
+    known = {s for kernel in kernels for s in symbols(kernel.ir)}
     for kernel in kernels:
+        sweep = not args.shape
         points = [parse_shape(s) for s in args.shape] or SWEEPS.get(kernel.pattern, [{}])
         eager = _baseline(kernel.ir)
         compiled = None if args.no_compile else _compiled(eager)
         for point in points:
-            sizes = sizes_for(kernel.ir, point)
+            sizes = sizes_for(kernel.ir, point, sweep, known)
             if "groups" in point:
                 sizes["groups"] = point["groups"]
             inputs = make_inputs(kernel.ir, sizes, "cuda", None)

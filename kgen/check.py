@@ -189,9 +189,9 @@ def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
         sparams.append(S.Param(S.Name(name, span_of), S.TensorType(S.Name(dt.name, span), dims, is_list, span),
                                None, span_of))
     souts = tuple(S.Param(S.Name(o, span), None, None, span) for o in outputs)
-    name = "_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower()
-    if is_reserved(name):   # TL = ..., Exp = ...: not a name the module may define
-        name = "kernel_" + name
+    base = "_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower()
+    # TL = ..., Kernel = ..., X_PTR = ...: not names the module may define
+    name = next(n for n in (base, f"kernel_{base}", f"kernel_{base}_fn") if not is_reserved(n))
     name = S.Name(name, span)
     return S.Kernel(name, tuple(sparams), souts, k.body, span, headerless=True)
 
@@ -228,9 +228,22 @@ def _check_schedules(module: S.Module) -> None:
             keys.add(c.key.id)
 
 
+# Launch options within Triton's limits, checked here where each value's span is known;
+# each pattern checks the rest of its schedule (which keys, powers of two, tl.dot's tiles).
+SCHEDULE_LIMITS = {"num_warps": (1, 32), "num_stages": (1, 16), "BLOCK": (1, 2**20)}  # BLOCK*: Triton's largest tensor
+
+
 def _schedule_for(module: S.Module, name: str) -> dict[str, tuple]:
     for s in module.schedules:
         if s.kernel.id == name:
+            for c in s.choices:
+                limits = SCHEDULE_LIMITS.get("BLOCK" if c.key.id.startswith("BLOCK") else c.key.id)
+                for v in c.values if limits else ():
+                    if not isinstance(v, S.Number) or not isinstance(v.value, int) \
+                            or not limits[0] <= v.value <= limits[1]:
+                        shown = v.text if isinstance(v, S.Number) else v.id
+                        raise SpecError(f"{c.key.id} takes integers from {limits[0]} to {limits[1]}, got {shown[:24]}",
+                                        v.span)
             return {c.key.id: tuple(v.value if isinstance(v, S.Number) else v.id for v in c.values)
                     for c in s.choices}
     return {}
@@ -348,7 +361,7 @@ class _Checker:
             dims = []
             for d in t.shape:
                 if isinstance(d, S.Number):
-                    dims.append(int(d.value))
+                    dims.append(_literal_dim(d))
                 else:
                     if self.strict:
                         check_name(d, "dimension")
@@ -363,8 +376,11 @@ class _Checker:
             if shape is not None:
                 raise SpecError("only scalar parameters can have a default", p.default.span)
             default = p.default.value
-            if dtype.category < 2 and isinstance(default, float):
-                raise SpecError(f"default {p.default.text} is not a valid {dtype.name}", p.default.span)
+            if dtype.category < 2 and isinstance(default, float) or dtype.category == 0 and default not in (0, 1):
+                raise SpecError(f"default {p.default.text} is not a valid {dtype.name}"
+                                + (" (0 or 1)" if dtype.category == 0 else ""), p.default.span)
+            if dtype.category == 0:
+                default = bool(default)
         return Param(p.name.id, dtype, shape, t.is_list, default, p.span)
 
     def _declared_output(self, o: S.Param, stmt: Stmt) -> Stmt:
@@ -372,7 +388,7 @@ class _Checker:
         dtype = _dtype(t.dtype)
         node = stmt.node
         if t.shape is not None:
-            shape = tuple(int(d.value) if isinstance(d, S.Number) else d.id for d in t.shape)
+            shape = tuple(_literal_dim(d) if isinstance(d, S.Number) else d.id for d in t.shape)
             if shape != node.shape:
                 raise SpecError(f"output '{o.name.id}' is declared {type_str(dtype, shape)} but the body "
                                 f"computes {type_str(node.dtype, node.shape)}", t.span)
@@ -574,6 +590,13 @@ def _result_type(*nodes: Node) -> DType:
         if result is None or dtype.category > result.category:
             result = dtype
     return result
+
+
+def _literal_dim(d: S.Number) -> int:
+    if not isinstance(d.value, int) or d.value < 0:   # the parser keeps ints past int32 as floats
+        shown = d.text if len(d.text) <= 24 else f"{d.text[:12]}..."
+        raise SpecError(f"dimension {shown} is not a size: expected an integer from 0 to 2**31 - 1", d.span)
+    return d.value
 
 
 def _source(text: str, span: Span) -> str:

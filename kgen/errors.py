@@ -27,10 +27,10 @@ class Span:
 
     def caret(self) -> str:
         """The source line and a caret under this span (first line only)."""
-        lines = self.text.splitlines()
+        lines = self.text.split("\n")     # as the parser counts lines: \r, \f or \u2028 end none
         if not 1 <= self.line <= len(lines):
             return ""
-        src = lines[self.line - 1].replace("\t", " ")
+        src = "".join(" " if c < " " or c in "\x7f\x85\u2028\u2029" else c for c in lines[self.line - 1])
         end = self.end_col if self.end_line == self.line else len(src) + 1
         start = max(0, self.col - 1 - 60)          # long lines: a window around the column
         shown = src[start:start + 120]

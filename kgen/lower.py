@@ -96,7 +96,9 @@ def helpers_for(nodes) -> tuple[str, ...]:
 
 def literal(value: int | float) -> str:
     """A constant re-printed from its parsed value, never from spec text."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool):
+        return repr(value)
+    if not isinstance(value, (int, float)):
         raise TypeError(f"not a numeric literal: {value!r}")
     return repr(int(value)) if isinstance(value, int) else repr(float(value))
 

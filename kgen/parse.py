@@ -17,7 +17,7 @@ from lark import Lark, Token, Transformer, v_args
 from . import syntax as S
 from .errors import Span, SpecError
 
-_HEADER = re.compile(r"\A(\s|#[^\n]*)*(kernel|schedule)\b")
+_HEADER = re.compile(r"\A(\s|#[^\n]*)*(kernel|schedule)\s+[^\W\d]")
 _OPENERS, _CLOSERS = {"LPAR", "LSQB"}, {"RPAR", "RSQB"}
 
 # What a user calls each terminal in an "expected ..." message.
@@ -63,23 +63,53 @@ def parse(text: str, path: str = "<string>") -> S.Module:
     except lark.exceptions.UnexpectedInput as e:
         raise _syntax_error(e, text, path) from None
     except lark.exceptions.VisitError as e:  # raised inside the builder below
-        if isinstance(e.orig_exc, SpecError):
-            raise e.orig_exc from None
-        raise
+        raise _unwrapped(e, text, path) from None
+    except RecursionError:
+        raise too_deep(text, path) from None
     try:
         built = _Builder(text, path).transform(tree)
     except lark.exceptions.VisitError as e:
-        if isinstance(e.orig_exc, SpecError):
-            raise e.orig_exc from None
-        raise
+        raise _unwrapped(e, text, path) from None
     except RecursionError:
         raise too_deep(text, path) from None
     if start == "module":
-        return built
-    body = built
-    span = Span(path, 1, 1, 1, 1, text)
-    name = S.Name("kernel", span)
-    return S.Module((S.Kernel(name, (), (), body, span, headerless=True),), (), path, text)
+        module = built
+    else:
+        span = Span(path, 1, 1, 1, 1, text)
+        module = S.Module((S.Kernel(S.Name("kernel", span), (), (), built, span, headerless=True),), (), path, text)
+    for kernel in module.kernels:
+        for stmt in kernel.body:
+            _check_depth(stmt)
+    return module
+
+
+# Generated code nests about one bracket per level of a statement, and Python's parser
+# takes at most 200 nested brackets: deeper statements are refused here, at their span.
+MAX_DEPTH = 150
+
+
+def _check_depth(stmt: S.Assign) -> None:
+    stack = [(stmt.value, 1)]
+    while stack:
+        e, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SpecError(f"this statement nests expressions more than {MAX_DEPTH} levels deep; "
+                            f"split it into several statements", stmt.span)
+        if isinstance(e, S.Call):
+            stack += [(a, depth + 1) for a in (*e.args, *(v for _, v in e.kwargs))]
+        elif isinstance(e, S.BinOp):
+            stack += [(e.left, depth + 1), (e.right, depth + 1)]
+        elif isinstance(e, S.Neg):
+            stack.append((e.operand, depth + 1))
+
+
+def _unwrapped(e: lark.exceptions.VisitError, text: str, path: str) -> Exception:
+    """The error a Lark callback raised: a SpecError as it is, a RecursionError as "too deep"."""
+    if isinstance(e.orig_exc, SpecError):
+        return e.orig_exc
+    if isinstance(e.orig_exc, RecursionError):
+        return too_deep(text, path)
+    return e
 
 
 def too_deep(text: str, path: str) -> SpecError:
@@ -89,7 +119,9 @@ def too_deep(text: str, path: str) -> SpecError:
 
 def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
     line, col = max(1, e.line), max(1, e.column)
-    lines = text.splitlines() or [""]
+    lines = text.split("\n")             # as Lark counts lines (splitlines() would also end them at \f)
+    if len(lines) > 1 and not lines[-1]:  # the final newline starts no line
+        lines.pop()
     at_end = getattr(e, "token", None) is not None and e.token.type == "$END"
     if line > len(lines) or at_end:  # point just past the last character
         line, col = len(lines), len(lines[-1]) + 1
@@ -136,13 +168,14 @@ class _Builder(Transformer):
     def _number(self, tok: Token, negative: bool = False) -> S.Number:
         span = _tok_span(tok, self.path, self.text)
         raw = str(tok)
-        is_int = raw.isdigit()
+        is_int = raw.isdigit() and len(raw.lstrip("0")) <= 10   # longer: past int32 anyway
         value = int(raw) if is_int else float(raw)
         if is_int and value >= 2**31 + negative:   # past int32 (whose least is -2**31): a float
             value = float(raw)
             is_int = False
         if not is_int and math.isinf(value):
-            raise SpecError(f"number {raw} is too large for a float", span)
+            shown = raw if len(raw) <= 24 else f"{raw[:12]}...{raw[-6:]} ({len(raw)} characters)"
+            raise SpecError(f"number {shown} is too large for a float", span)
         if negative:
             value = -value
         return S.Number(value, ("-" if negative else "") + raw, span)

@@ -120,6 +120,8 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
         result = REFERENCE_OPS[node.op](operands[0], node.arg)
     elif node.op is Op.CLAMP:
         result = _clamp(node)(*operands)
+    elif node.op is Op.WHERE and not isinstance(operands[0], torch.Tensor):   # a bool scalar parameter
+        result = torch.where(torch.tensor(operands[0]), *operands[1:])
     else:
         result = REFERENCE_OPS[node.op](*operands)
     if not exact and isinstance(result, torch.Tensor) and result.dtype != node.dtype.torch:

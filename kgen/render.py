@@ -79,7 +79,7 @@ def defined_once(source: str, kernels) -> None:
 def _tidy(source: str) -> str:
     """Whitespace policy in one place: no trailing spaces, at most two blank lines, one final newline."""
     out, blank = [], 0
-    for line in source.splitlines():
+    for line in source.split("\n"):   # not splitlines(): a form feed is no line end to Python
         line = line.rstrip()
         blank = blank + 1 if not line else 0
         if blank <= 2:

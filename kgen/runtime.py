@@ -310,8 +310,10 @@ class Kernels(dict):
 
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     """(text, path) for a spec given as a path or as text."""
+    # a path: one line of no statement, not empty and not a comment
     if isinstance(text_or_path, os.PathLike) or (isinstance(text_or_path, str) and "\n" not in text_or_path
-                                                 and ";" not in text_or_path and "=" not in text_or_path):
+                                                 and ";" not in text_or_path and "=" not in text_or_path
+                                                 and text_or_path.strip() and not text_or_path.lstrip().startswith("#")):
         path = Path(text_or_path)
         try:
             return path.read_text(encoding="utf-8"), display_path(path)
@@ -339,6 +341,8 @@ def compile_text(text: str, path: str):
     """``compile`` for spec text whose path (for messages) is known."""
     module = parse(text, path)
     if len(module.kernels) == 1 and module.kernels[0].headerless:
+        if not module.kernels[0].body:
+            raise SpecError("the spec has no statements: write one such as Y = X * 2", module.kernels[0].span)
         return HeaderlessKernel(text, path)
     if not module.kernels:
         raise SpecError("the spec defines no kernel", None)

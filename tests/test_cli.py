@@ -226,3 +226,23 @@ def test_run_checks_a_kernel_against_the_reference(project, capsys):
 def test_run_refuses_a_bad_shape(project, capsys, shape, message):
     assert main(["run", "specs/vector_add.k", "--shape", shape]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_run_takes_dimensions_named_like_the_sweep_keys(project, capsys):
+    """--shape names are the spec's dimensions, even ones called rows, cols or square."""
+    (project / "specs" / "cube.k").write_text("kernel f(x: f32[batch, rows, cols]) -> y: f32[batch, rows, cols] {\n"
+                                              "    y = x + 1.0\n}\n")
+    assert main(["run", "specs/cube.k", "--shape", "batch=2,rows=3,cols=4"]) == 0
+    out = capsys.readouterr().out
+    assert "with batch=2, rows=3, cols=4" in out and "y: torch.float32 (2, 3, 4)" in out
+
+
+def test_run_on_several_kernels_gives_each_its_own_dimensions(project, capsys):
+    (project / "specs" / "two.k").write_text("kernel add(x: f32[N]) -> y: f32[N] {\n    y = x + 1.0\n}\n"
+                                             "kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n"
+                                             "    C = A @ B\n}\n")
+    assert main(["run", "specs/two.k", "--shape", "M=8,N=16,K=4"]) == 0
+    out = capsys.readouterr().out
+    assert "y: torch.float32 (16,)" in out and "C: torch.float32 (8, 16)" in out
+    assert main(["run", "specs/two.k", "--shape", "Q=8"]) != 0
+    assert "Q is not a dimension of add" in capsys.readouterr().err

@@ -166,6 +166,15 @@ def test_missing_spec_file_and_empty_spec():
         kgen.compile("specs/does_not_exist.k")
     with pytest.raises(SpecError, match="no statements"):
         build("# nothing\n")
+    for text in ("", "   ", "# only a comment"):       # text, not a path to look for
+        with pytest.raises(SpecError, match="<string>:1:1: the spec has no statements"):
+            kgen.compile(text)
+
+
+def test_a_statement_may_assign_a_name_like_a_keyword_of_the_language():
+    """Only `kernel NAME` or `schedule NAME` starts a module: `schedule = X * 2` is a statement."""
+    module = parse("schedule = X * 2\nY = schedule + 1", PATH)
+    assert module.kernels[0].headerless and [s.target.id for s in module.kernels[0].body] == ["schedule", "Y"]
 
 
 def test_kinds_are_kgen_errors():
@@ -178,6 +187,57 @@ def test_deep_nesting_is_a_spec_error():
         build("Y = " + "exp(" * 1500 + "X" + ")" * 1500)
     with pytest.raises(SpecError, match="too deeply"):
         build("Y = X" + " + X" * 5000)
+
+
+@pytest.mark.parametrize("nest, levels", [(lambda s: f"X - ({s})", 1), (lambda s: f"sin({s})", 1),
+                                          (lambda s: f"X ** {s}", 1), (lambda s: f"X / ({s} + 2.0)", 2),
+                                          (lambda s: f"where(X > 0, {s}, X)", 1)])
+def test_statements_nested_past_the_limit_fail_at_their_line(nest, levels):
+    """Generated code nests about one bracket per level and Python takes 200 at most: a
+    statement deeper than MAX_DEPTH is a SpecError at the statement, never a SyntaxError
+    or RecursionError from inside; one level less compiles."""
+    from kgen.parse import MAX_DEPTH
+    def spec(depth):
+        text = "X"
+        for _ in range(depth):
+            text = nest(text)
+        return K(f"t = X + 1.0\n    Y = {text}")
+    generate(spec((MAX_DEPTH - 2) // levels), PATH)
+    for depth in (MAX_DEPTH // levels + 1, 3 * MAX_DEPTH):
+        with pytest.raises(SpecError) as info:
+            generate(spec(depth), PATH)
+        assert "deep" in info.value.message and info.value.span.line in (1, 3), str(info.value)
+
+
+@pytest.mark.parametrize("where", ["expression", "dimension", "default", "schedule"])
+def test_integer_literals_past_any_size_are_spec_errors(where):
+    big = "9" * 5000
+    text = {"expression": K(f"Y = X * {big}"), "dimension": K("Y = X", params=f"X: f16[M, {big}]"),
+            "default": K("Y = X * a", params=f"X: f16[M, N], a: f32 = {big}"),
+            "schedule": K("Y = X", tail=f"schedule f {{\n    BLOCK_SIZE = {big}\n}}\n")}[where]
+    with pytest.raises(SpecError) as info:
+        generate(text, PATH)
+    assert len(str(info.value).splitlines()[0]) < 200, "the message shows the number shortened"
+
+
+@pytest.mark.parametrize("setting, words, col", [("num_warps = 64", "num_warps takes integers from 1 to 32", 17),
+                                                 ("BLOCK_SIZE = [1024, 4194304]", "BLOCK_SIZE takes integers", 25),
+                                                 ("num_stages = 0", "num_stages takes integers from 1", 18)])
+def test_schedule_values_past_tritons_limits_point_at_the_value(setting, words, col):
+    with pytest.raises(SpecError) as info:
+        generate(K("Y = X", tail=f"schedule f {{\n    {setting}\n}}\n"), PATH)
+    assert words in info.value.message
+    assert (info.value.span.line, info.value.span.col) == (5, col), str(info.value)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c", "\r", "\x85"])
+def test_carets_quote_the_line_the_parser_counted(separator):
+    """Only \\n ends a line for the parser: a form feed, a lone carriage return or a Unicode
+    line separator inside a line must not shift the quoted source line."""
+    with pytest.raises(SpecError) as info:
+        build(f"t = X # a{separator}b\nY = sigmod(t)")
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(f"{PATH}:2:5:") and lines[1].strip() == "Y = sigmod(t)", lines
 
 
 SEEDS = [

@@ -370,6 +370,22 @@ def test_all_neg_inf_rows_give_what_torch_gives():
             assert_matches(kernel(X), want, 10, f"{name}, chunk {chunk}")
 
 
+@pytest.mark.parametrize("chunk", [None, "4"])
+def test_online_sums_of_an_all_neg_inf_row_are_nan_as_in_torch(chunk, monkeypatch):
+    """sum(exp(X - max(X))) of a row of -inf is NaN in torch (exp(-inf - -inf)); the looped
+    kernel's online sum, which shifts by 0 while the max is -inf, must agree."""
+    if chunk:
+        monkeypatch.setenv("KGEN_FORCE_CHUNK", chunk)
+    X = torch.randn(3, 10, device=DEVICE)
+    X[1] = float("-inf")
+    for text in ("S = sum(exp(X - max(X)))", "L = log(sum(exp(X - max(X)))) + max(X)", "A = mean(exp(X - max(X)))"):
+        kernel = kgen.compile(text)
+        got = kernel(X)
+        want = evaluate(kernel.ir, {"X": X})[0]
+        assert torch.isnan(want[1]).all() and torch.isnan(got[1]).all(), text
+        assert_matches(got, want, 10, text)
+
+
 def test_headerless_reductions_and_unit_rows():
     """Headerless specs specialize size-1 axes: N = 1 makes every reduction its input
     (an elementwise kernel); other N take the row-reduction kernel."""

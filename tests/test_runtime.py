@@ -9,6 +9,7 @@ import torch
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError
+from kgen.reference import evaluate
 
 from conftest import DEVICE
 
@@ -303,3 +304,30 @@ def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error(watch):
         with pytest.raises(CallError, match=f"config=.*does not fit this kernel.*{words}"):
             k(x, x, config=config)
     torch.testing.assert_close(k(x, x, config={"BLOCK_SIZE": 4, "num_warps": 1}), x + x)
+
+
+@pytest.mark.parametrize("text", ["Kernel = x + 1", "Y_MASK = x > 0", "TOTAL_SIZE = x * 2", "X_PTR = x + 1",
+                                  "X = x + 1; ptr = x * 2", "TL = x + 1"])
+def test_headerless_outputs_named_like_generated_code_still_compile(text):
+    """A headerless kernel is named after its outputs; where that name is reserved, kgen
+    picks another, never an error about a name the user did not write."""
+    k = kgen.compile(text)
+    x = torch.randn(3, 4, device=DEVICE)
+    results = k(x)
+    got = results if isinstance(results, tuple) else (results,)
+    want = evaluate(k._last.ir, {"x": x})
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.to(g.dtype))
+
+
+def test_bool_scalar_parameters_take_python_bools():
+    k = kgen.compile("kernel f(x: f32[N], flip: bool, shift: bool = 1) -> y: f32[N] {\n"
+                     "    y = where(flip, -x, x) + f32(shift)\n}\n")
+    x = torch.randn(6, device=DEVICE)
+    torch.testing.assert_close(k(x, True), -x + 1)
+    torch.testing.assert_close(k(x, False, shift=False), x)
+    for bad in (1, 2, 1.0, None):
+        with pytest.raises(CallError, match="flip: expected a Python bool"):
+            k(x, bad)
+    with pytest.raises(SpecError, match="default 2 is not a valid bool"):
+        kgen.compile("kernel f(x: f32[N], b: bool = 2) -> y: f32[N] {\n    y = x * f32(b)\n}\n")

@@ -62,6 +62,7 @@ from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, topo_order
 from ..lower import CALL, Line, Printer, config_text, helpers_for, statement_lines
+from ..render import comment_safe
 from .host import Host, check_locals, host
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -536,15 +537,19 @@ def _span_text(kir: KernelIR, node: Node) -> str:
     lines = kir.text.split("\n")
     if span is None or span.line != span.end_line or not 1 <= span.line <= len(lines):
         return node.op.value
-    return lines[span.line - 1][span.col - 1:span.end_col - 1]
+    # printed in a comment: whitespace collapsed (a form feed would end the line) and escaped
+    return comment_safe(" ".join(lines[span.line - 1][span.col - 1:span.end_col - 1].split()))
 
 
 def _check_derived(kir: KernelIR, derived) -> None:
-    """Names the kernel derives from the spec's (A_ptrs) must not be the spec's own."""
-    spec = {p.name: p.span for p in kir.params} | {s.name: s.span for s in kir.stmts}
+    """Names the generated code derives from the spec's (A_ptrs, A_shapes, A_desc) must not
+    be the spec's own, dimensions included (they are host locals)."""
+    dims = {d: p.span for p in kir.params for d in p.shape or () if isinstance(d, str)}
+    spec = dims | {p.name: p.span for p in kir.params} | {s.name: s.span for s in kir.stmts}
     for name in derived:
         if name in spec:
-            raise UnsupportedError(f"'{name}' is a name the generated GEMM kernel uses itself; rename it",
+            what = "the dimension" if name in dims and name not in {p.name for p in kir.params} else "it"
+            raise UnsupportedError(f"'{name}' is a name the generated GEMM kernel uses itself; rename {what}",
                                    spec[name])
 
 

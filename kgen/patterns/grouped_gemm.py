@@ -89,7 +89,7 @@ from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, Node, Op, Param, Stmt, type_str
 from ..lower import Line, config_text, helpers_for
 from . import gemm
-from .host import Host, check_locals, host, torch_dtype
+from .host import Host, check_locals, host, scalar_kind, torch_dtype
 
 CONFIG_KEYS = gemm.CONFIG_KEYS + ("programs_per_sm",)
 SCHEDULE_KEYS = CONFIG_KEYS + ("TMA", "input_precision")
@@ -325,8 +325,7 @@ def _list_host(kir: KernelIR, low: gemm.Lowered, params: dict) -> tuple[tuple[st
     bound: dict[str, str] = {}
     for p in kir.params:
         if p.is_scalar:
-            kind = "float" if p.dtype.is_float else "int"
-            lines.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {kind})')
+            lines.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {scalar_kind(p.dtype)})')
     lines.append(f"device = _group_device({named})")
     for p in tensors:
         for axis, d in enumerate(p.shape):

@@ -35,6 +35,11 @@ def shape_expr(shape: Shape) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
+def scalar_kind(dtype) -> str:
+    """The Python type a scalar parameter takes: ``float``, ``int`` or ``bool`` (by torch's category)."""
+    return ("bool", "int", "float")[dtype.category]
+
+
 def check_locals(kir: KernelIR, taken: frozenset[str], what: str, dims: frozenset[str] = frozenset()) -> None:
     """A spec's parameters and statements may not take a name that the generated kernel or
     host function (``what``) defines for itself, nor its dimensions (host locals) one of
@@ -80,8 +85,7 @@ def host(kir: KernelIR, inplace: bool = False) -> Host:
             checks.append(f'_check_shape("{p.name}", {p.name}, {sizes}, "{declared}", "{sources}")')
     for p in kir.params:
         if p.is_scalar:
-            kind = "float" if p.dtype.is_float else "int"
-            checks.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {kind})')
+            checks.append(f'{p.name} = _check_scalar("{p.name}", {p.name}, {scalar_kind(p.dtype)})')
     devices = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
     checks.append(f"device = _device({devices})")
     outs = tuple(o.name for o in kir.outputs)

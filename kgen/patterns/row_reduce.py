@@ -88,7 +88,7 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 SCHEDULE_KEYS = ("BLOCK_N", "BLOCK_ROWS", "num_warps", "num_stages")
 FORCE_CHUNK = "KGEN_FORCE_CHUNK"
 
-NEG_INF, POS_INF = 'float("-inf")', 'float("inf")'
+NEG_INF, POS_INF, NAN = 'float("-inf")', 'float("inf")', 'float("nan")'
 I32_MIN, I32_MAX = "-2147483648", "2147483647"
 # Names the kernels and host function define themselves: a spec's may not take them, and
 # reductions' and accumulators' names avoid them.
@@ -510,7 +510,8 @@ class _Planner:
     def online(self, m: Node, sums: list[Node], names: dict[int, str], a: str):
         """Online softmax: ``m`` is the running max of ``a``; each sum of ``exp(a - m)`` is
         kept relative to it and rescaled by ``exp(m_old - m_new)`` when it grows.  While
-        ``m`` is still -inf the shift is 0, so exp never sees -inf - (-inf)."""
+        ``m`` is still -inf the shift is 0, so exp never sees -inf - (-inf); a row that ends
+        with ``m`` -inf (every entry -inf) gets the NaN sums that torch computes."""
         mn = names[id(m)]
         chunk, grown, shift = self.fresh(f"{mn}_chunk"), self.fresh(f"{mn}_new"), self.fresh(f"{mn}_shift")
         init = [f"{mn} = tl.full([BLOCK_ROWS, 1], {NEG_INF}, tl.float32)"]
@@ -521,7 +522,9 @@ class _Planner:
         update += [f"{names[id(s)]} = {names[id(s)]} * tl.exp({mn} - {shift}) + "
                    f"tl.sum(tl.where(mask, tl.exp({a} - {shift}), 0.0), axis=1, keep_dims=True)" for s in sums]
         update.append(f"{mn} = {grown}")
-        final = [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
+        # a row of -inf only: each exp(a - m) is exp(-inf - -inf), NaN as torch computes it
+        final = [f"{names[id(s)]} = tl.where({mn} == {NEG_INF}, {NAN}, {names[id(s)]})" for s in sums]
+        final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
 
 
