@@ -157,6 +157,10 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
     if not k.body:
         raise SpecError("the spec has no statements", k.span)
     inputs, outputs = headerless_inputs(k)
+    if not args and inputs:   # kgen build / show: no call to take the types from
+        raise SpecError(f"statements without a kernel header take their types from a call "
+                        f"(kgen.compile); to build or show them, declare the inputs: "
+                        f"kernel NAME({', '.join(f'{n}: f32[N]' for n in inputs)}) -> ... {{ ... }}", k.span)
     if len(args) != len(inputs):
         raise SpecError(f"expected {len(inputs)} inputs ({', '.join(inputs)}), got {len(args)}", k.span)
     # Pass 1: a fresh symbol per axis that is not 1; collect which symbols must agree.

@@ -246,3 +246,13 @@ def test_run_on_several_kernels_gives_each_its_own_dimensions(project, capsys):
     assert "y: torch.float32 (16,)" in out and "C: torch.float32 (8, 16)" in out
     assert main(["run", "specs/two.k", "--shape", "Q=8"]) != 0
     assert "Q is not a dimension of add" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["show", "specs/bare.k", "--emit", "ir"], ["build", "specs/bare.k"]])
+def test_statements_without_a_header_ask_for_one_to_build_or_show(project, capsys, command):
+    (project / "specs" / "bare.k").write_text("y = x * 2\n")
+    assert main(command) != 0
+    err = capsys.readouterr().err
+    assert "specs/bare.k:1:1: statements without a kernel header take their types from a call" in err
+    assert "kernel NAME(x: f32[N])" in err
+    assert not (project / "generated" / "bare.py").exists()
