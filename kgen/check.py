@@ -17,7 +17,7 @@ from . import syntax as S
 from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
-from .ir import Dim, KernelIR, Node, Op, Param, Shape, Stmt, type_str
+from .ir import REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, topo_order, type_str
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
         shape = None if a.ones is None else tuple(1 if one else f"_{i}_{ax}" for ax, one in enumerate(a.ones))
         params.append((name, a.dtype, shape, a.is_list))
     try:
-        first.kernel(_headerless_kernel(k, params, outputs), schedule)
+        _same_rows(first, first.kernel(_headerless_kernel(k, params, outputs), schedule))
     except SpecError as e:  # name the dims as pass 2 would: f16[M, N], never f16[_0_0, _0_1]
         rename = first.canonical_names(set(inputs) | {a.target.id for a in k.body})
         raise type(e)(re.sub(r"\b_\d+_\d+\b", lambda m: rename.get(m.group(0), m.group(0)), e.message),
@@ -180,6 +180,18 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
     params = [(n, dt, None if sh is None else tuple(rename.get(d, d) for d in sh), lst)
               for n, dt, sh, lst in params]
     return _Checker(module, strict=True).kernel(_headerless_kernel(k, params, outputs), schedule)
+
+
+def _same_rows(checker: _Checker, kir: KernelIR) -> None:
+    """Headerless row reductions: each value as wide as a reduced row takes that row's
+    length (``z - mean(x)``: z's rows are x's), as the row-reduction kernel needs; the
+    call then checks the sizes."""
+    nodes = topo_order(o.node for o in kir.outputs)
+    for r in nodes:
+        if r.op in REDUCTIONS and isinstance(r.inputs[0].shape[-1], str) and r.arg == len(r.inputs[0].shape) - 1:
+            for n in nodes:
+                if len(n.shape) == len(r.inputs[0].shape) and isinstance(n.shape[-1], str):
+                    checker._unify(r.inputs[0].shape[-1], n.shape[-1])
 
 
 def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:

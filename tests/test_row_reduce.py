@@ -386,6 +386,24 @@ def test_online_sums_of_an_all_neg_inf_row_are_nan_as_in_torch(chunk, monkeypatc
         assert_matches(got, want, 10, text)
 
 
+@pytest.mark.parametrize("text, shapes", [("Y = Z - mean(X)", [(4, 9), (4, 9)]),
+                                          ("Y = mean(X) + mean(Z)", [(4, 9), (4, 9)]),
+                                          ("Y = sum(X) + W", [(4, 9), (9,)])])
+def test_headerless_values_beside_a_reduction_share_its_rows(text, shapes):
+    """In the headerless form a value as wide as a reduced row takes that row's length
+    (the row kernel needs one length); a call whose widths differ is a CallError."""
+    kernel = kgen.compile(text)
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(*s, generator=g).to(DEVICE) for s in shapes]
+    got = kernel(*args)
+    want = evaluate(kernel._last.ir, dict(zip(kernel.inputs, args)))[0]
+    assert kernel.pattern == "row_reduce"
+    assert_matches(got, want, 9, text)
+    wider = [torch.randn(*s[:-1], 10, device=DEVICE) if i else a for i, (s, a) in enumerate(zip(shapes, args))]
+    with pytest.raises(kgen.CallError, match="expected"):
+        kernel(*wider)
+
+
 def test_headerless_reductions_and_unit_rows():
     """Headerless specs specialize size-1 axes: N = 1 makes every reduction its input
     (an elementwise kernel); other N take the row-reduction kernel."""
