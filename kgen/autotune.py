@@ -37,11 +37,17 @@ import re
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+try:
+    import fcntl
+except ImportError:   # not on this platform: concurrent tuners may each keep only their own entry
+    fcntl = None
 
 FORMAT = 1
 _PROGRESS_AFTER_S = 1.0
@@ -105,34 +111,55 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "unknown"
 
 
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path``'s sibling ``.lock`` file (none where fcntl is missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent / f"{path.name}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
+
+
 class DiskCache:
     """One JSON file of best configs per problem key, for one kernel source on one GPU."""
 
     def __init__(self, path: Path, meta: dict, candidates):
         self.path, self.meta = path, meta
         self.candidates = [dict(c) for c in candidates]
+        # by their JSON text: 16.0 == 16 and True == 1 in Python, never in a launch
+        self._by_text = {json.dumps(c, sort_keys=True): c for c in self.candidates}
 
     def entries(self) -> dict[str, dict]:
         """The file's valid entries (key -> {"config": ..., "ms": ...}); {} for a file to ignore."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):   # unreadable, not JSON, nested past the parser
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or \
                 any(data.get(k) != v for k, v in self.meta.items()) or not isinstance(data.get("entries"), dict):
             return {}           # corrupt, or another GPU's, Triton's or source's
-        return {key: entry for key, entry in data["entries"].items()
-                if isinstance(entry, dict) and entry.get("config") in self.candidates}
+        valid = {}
+        for key, entry in data["entries"].items():
+            config = self._by_text.get(json.dumps(entry.get("config"), sort_keys=True)) \
+                if isinstance(entry, dict) else None
+            if config is not None:      # the candidate itself, never the file's copy
+                valid[key] = {**entry, "config": config}
+        return valid
 
     def load(self) -> dict[str, dict]:
         return {key: entry["config"] for key, entry in self.entries().items()}
 
     def store(self, key: str, config: dict, ms: float) -> None:
         from .runtime import write_atomic
-        entries = {**self.entries(), key: {"config": config, "ms": round(ms, 6)}}
-        data = {"format": FORMAT, **self.meta, "entries": dict(sorted(entries.items()))}
         try:
-            write_atomic(self.path, json.dumps(data, indent=1) + "\n")
+            with _locked(self.path):   # processes tuning other keys at once: each adds its own
+                entries = {**self.entries(), key: {"config": config, "ms": round(ms, 6)}}
+                data = {"format": FORMAT, **self.meta, "entries": dict(sorted(entries.items()))}
+                write_atomic(self.path, json.dumps(data, indent=1) + "\n")
         except OSError as e:   # a read-only cache costs a re-tune, never a failure
             print(f"kgen: cannot write the autotune cache {self.path}: {e}", file=sys.stderr)
 

@@ -184,7 +184,11 @@ def run_once(args) -> int:
     known = {s for kernel in kernels for s in symbols(kernel.ir)}
     for kernel in kernels:
         sizes = sizes_for(kernel.ir, parse_shape(args.shape), known=known)
-        inputs = make_inputs(kernel.ir, sizes, device, None, args.seed)
+        try:
+            inputs = make_inputs(kernel.ir, sizes, device, None, args.seed)
+        except (RuntimeError, MemoryError) as e:   # torch's "can't allocate memory", CUDA out of memory
+            raise KgenError(f"cannot make inputs of {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+                            f"{str(e).splitlines()[0][:160]}") from None
         ordered = [inputs[n] for n in kernel.inputs]
         start = time.perf_counter()
         got = _outputs_tuple(kernel(*ordered))

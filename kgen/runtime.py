@@ -8,7 +8,9 @@ function; errors it raises about arguments come back as ``CallError``.
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -54,16 +56,21 @@ def load(source: str):
             return _modules[digest]
         use_interpreter_if_no_gpu()
         directory = cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"kgen_{digest[:24]}.py"
         try:
             intact = path.read_text() == source
         except (OSError, UnicodeDecodeError):
             intact = False
-        if not intact:
-            write_atomic(path, source)
+        try:
+            if not intact:
+                directory.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, source)
+        except OSError as e:
+            raise KgenError(f"cannot write the module cache in {directory} (set KGEN_CACHE_DIR to a writable "
+                            f"folder): {e}") from None
         name = f"kgen_generated_{digest[:24]}"
-        spec = importlib.util.spec_from_file_location(name, path)
+        # compiled from the source just checked, never from a __pycache__ file beside it
+        spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path), source))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -71,11 +78,28 @@ def load(source: str):
         return module
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """Loads a cached module from the text kgen generated (the file holds the same text,
+    for inspect and Triton to read back)."""
+
+    def __init__(self, name: str, path: str, source: str):
+        super().__init__(name, path)
+        self.source = source
+
+    def get_code(self, fullname):
+        return builtins.compile(self.source, self.path, "exec", dont_inherit=True)   # kgen.compile is ours
+
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write by temp file and rename: readers see the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=".tmp")   # short: any name fits
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -256,3 +256,45 @@ def test_statements_without_a_header_ask_for_one_to_build_or_show(project, capsy
     assert "specs/bare.k:1:1: statements without a kernel header take their types from a call" in err
     assert "kernel NAME(x: f32[N])" in err
     assert not (project / "generated" / "bare.py").exists()
+
+
+def test_build_refuses_targets_it_cannot_write_before_writing_any(project, capsys):
+    """Two specs of one stem, an output folder that is a file, a target that is a folder:
+    an error each, and nothing written."""
+    (project / "a").mkdir()
+    (project / "b").mkdir()
+    for folder in ("a", "b"):
+        shutil.copy(project / "specs" / "vector_add.k", project / folder / "k.k")
+    assert main(["build", "a", "b", "-o", "out"]) != 0
+    assert "a/k.k and b/k.k would both write out/k.py" in capsys.readouterr().err
+    assert not (project / "out").exists()
+    (project / "outfile").write_text("")
+    assert main(["build", "specs", "-o", "outfile", "--force"]) != 0
+    assert "outfile is a file, not a folder" in capsys.readouterr().err
+    (project / "gen" / "silu_mul.py").mkdir(parents=True)
+    assert main(["build", "specs", "-o", "gen", "--force"]) != 0
+    assert "gen/silu_mul.py is a folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (project / "gen").iterdir()) == ["silu_mul.py"]
+
+
+def test_build_skips_what_is_not_a_file_and_writes_readable_files(project, capsys):
+    os.mkfifo(project / "specs" / "pipe.k")          # reading it would block for ever
+    (project / "specs" / "folder.k").mkdir()
+    assert main(["build", "specs", "-o", "out"]) == 0
+    written = sorted(p.name for p in (project / "out").iterdir())
+    assert "pipe.py" not in written and "folder.py" not in written and "vector_add.py" in written
+    mode = (project / "out" / "vector_add.py").stat().st_mode & 0o777
+    assert mode == 0o666 & ~runtime_umask()
+
+
+def runtime_umask() -> int:
+    from kgen.runtime import _UMASK
+    return _UMASK
+
+
+def test_check_is_byte_for_byte(project, capsys):
+    assert main(["build", "specs/vector_add.k", "-o", "out"]) == 0
+    target = project / "out" / "vector_add.py"
+    target.write_bytes(target.read_bytes().replace(b"\n", b"\r\n"))
+    assert main(["build", "specs/vector_add.k", "-o", "out", "--check"]) == 1
+    assert "out/vector_add.py: stale" in capsys.readouterr().out

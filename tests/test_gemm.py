@@ -683,7 +683,7 @@ def planted(cache):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign device", "foreign source", "foreign triton",
-                                    "unknown config", "wrong type"])
+                                    "unknown config", "wrong type", "float tile", "nested too deep"])
 def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
     kernel, args, times, path, data, key = planted(cache)
     if damage == "garbage":
@@ -700,13 +700,41 @@ def test_corrupt_or_foreign_cache_is_ignored(cache, damage):
         data["entries"][key]["config"] = {**CONFIGS[3], "BLOCK_M": 256}
     elif damage == "wrong type":
         data["entries"] = [1, 2]
-    if damage not in ("garbage", "truncated"):
+    elif damage == "float tile":      # == a candidate's 16 in Python, a TypeError in a launch
+        first = next(k for k, v in CONFIGS[3].items() if isinstance(v, int) and not isinstance(v, bool))
+        data["entries"][key]["config"] = {**CONFIGS[3], first: float(CONFIGS[3][first])}
+    elif damage == "nested too deep":
+        path.write_text("[" * 100000 + "]" * 100000)
+    if damage not in ("garbage", "truncated", "nested too deep"):
         path.write_text(json.dumps(data))
     calls = []
     tuner = make_tuner(kernel, fake_clock(times, calls))
     assert tuner.choose(args, {}) == CONFIGS[1]              # re-tuned, not the planted CONFIGS[3]
     assert len(calls) == len(CONFIGS)
     assert json.loads(path.read_text())["entries"][key]["config"] == CONFIGS[1]   # and rewritten
+
+
+def test_concurrent_tuners_keep_every_entry(cache):
+    """Processes tuning different problems of one kernel at once each add their entry: the
+    file is read, extended and written under a lock."""
+    import multiprocessing
+    kernel, args, times, path, data, key = planted(cache)
+    path.unlink()
+    keys = [f"problem-{i}" for i in range(6)]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_store_one, args=(cache, k)) for k in keys]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    tuner = make_tuner(kernel, fake_clock(times, []))
+    assert set(keys) <= set(tuner._disk(args[0]).entries())
+
+
+def _store_one(cache, key):
+    kernel, args, times, path, data, _ = planted(cache)
+    make_tuner(kernel, fake_clock(times, []))._disk(args[0]).store(key, CONFIGS[0], 1.0)
 
 
 def test_trusted_cache_entry_is_used(cache):

@@ -384,3 +384,39 @@ def test_a_corrupt_cached_module_is_rewritten(tmp_path, monkeypatch, device):
     assert cached.read_text() == source
     x = torch.arange(4.0, device=device)
     torch.testing.assert_close(module.corrupt_probe(x), x - 7)
+
+
+def test_cached_bytecode_is_never_trusted(tmp_path, monkeypatch, device):
+    """A module is compiled from the source kgen checked, so a __pycache__ file beside it
+    (tampered, or of other code with the right timestamp) is never run; files are written
+    readable as the umask allows, not mkstemp's 0600."""
+    import importlib.util
+    import py_compile
+    from kgen import runtime
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    text = "kernel pyc_probe(x: f32[N]) -> y: f32[N] { y = x * 3 }"
+    source = generate(text, "<string>").source
+    monkeypatch.setattr(runtime, "_modules", {})
+    runtime.load(source)
+    (cached,) = tmp_path.glob("kgen_*.py")
+    assert cached.stat().st_mode & 0o777 == 0o666 & ~runtime._UMASK
+    stat = cached.stat()
+    tampered = "raise SystemExit('bytecode ran')\n#"
+    cached.write_text(tampered + "#" * (len(source.encode()) - len(tampered)))   # same size: the pyc matches
+    py_compile.compile(str(cached), cfile=importlib.util.cache_from_source(str(cached)))
+    cached.write_text(source)
+    os.utime(cached, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    monkeypatch.setattr(runtime, "_modules", {})
+    module = runtime.load(source)
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close(module.pyc_probe(x), x * 3)
+
+
+def test_an_unusable_cache_folder_is_a_kgen_error(tmp_path, monkeypatch):
+    from kgen import runtime
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(runtime, "_modules", {})
+    with pytest.raises(kgen.KgenError, match="cannot write the module cache"):
+        kgen.compile("kernel cache_probe(x: f32[N]) -> y: f32[N] { y = x + 5 }")
