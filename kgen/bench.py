@@ -62,11 +62,17 @@ def parse_shape(text: str) -> dict[str, int]:
     sizes = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
+        name = name.strip()
         try:
-            sizes[name.strip()] = eval_size(value)
+            if not name.isidentifier():
+                raise ValueError(name)
+            size = eval_size(value)
         except ValueError:
             raise KgenError(f"--shape: expected NAME=SIZE such as M=64 or N=2**20 (0 <= SIZE < 2**40), "
                             f"got {part!r}") from None
+        if name in sizes:
+            raise KgenError(f"--shape: {name} is given twice")
+        sizes[name] = size
     return sizes
 
 
@@ -74,6 +80,9 @@ def eval_size(text: str) -> int:
     """``4096`` or ``2**20``: sizes are integers or powers, nothing else, from 0 to below 2**40
     (an exponent is bounded before it is raised)."""
     base, _, exp = text.strip().partition("**")
+    if not (base.strip().isascii() and base.strip().isdigit()) or exp and not (exp.strip().isascii()
+                                                                               and exp.strip().isdigit()):
+        raise ValueError(text)     # int() would take 1_0 and other scripts' digits
     size = int(base)
     if exp:
         if not 0 <= int(exp) < 64 or not 0 <= size < 2**40:

@@ -334,10 +334,7 @@ class Kernels(dict):
 
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     """(text, path) for a spec given as a path or as text."""
-    # a path: one line of no statement, not empty and not a comment
-    if isinstance(text_or_path, os.PathLike) or (isinstance(text_or_path, str) and "\n" not in text_or_path
-                                                 and ";" not in text_or_path and "=" not in text_or_path
-                                                 and text_or_path.strip() and not text_or_path.lstrip().startswith("#")):
+    if isinstance(text_or_path, os.PathLike) or isinstance(text_or_path, str) and _names_a_file(text_or_path):
         path = Path(text_or_path)
         try:
             return path.read_text(encoding="utf-8"), display_path(path)
@@ -346,6 +343,13 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
         except (OSError, UnicodeDecodeError) as e:
             raise KgenError(f"{path}: cannot read the spec ({e})") from None
     return str(text_or_path), "<string>"
+
+
+def _names_a_file(text: str) -> bool:
+    """One line, not empty and not a comment, that ends in .k or holds no statement (= or ;)."""
+    if "\n" in text or not text.strip() or text.lstrip().startswith("#"):
+        return False
+    return text.endswith(".k") or ("=" not in text and ";" not in text)
 
 
 def display_path(path: Path) -> str:

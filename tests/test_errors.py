@@ -166,6 +166,8 @@ def test_missing_spec_file_and_empty_spec():
         kgen.compile("specs/does_not_exist.k")
     with pytest.raises(SpecError, match="no statements"):
         build("# nothing\n")
+    with pytest.raises(KgenError, match="no such spec file"):
+        kgen.compile("specs/run=3/nothing.k")          # a .k path, though it holds an '='
     for text in ("", "   ", "# only a comment"):       # text, not a path to look for
         with pytest.raises(SpecError, match="<string>:1:1: the spec has no statements"):
             kgen.compile(text)
