@@ -354,8 +354,8 @@ def _names_a_file(text: str) -> bool:
 
 def display_path(path: Path) -> str:
     """Relative to the working directory where possible, with forward slashes."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    try:   # abspath, not resolve: a symlinked spec keeps its own name
+        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
     except ValueError:
         return path.as_posix()
 

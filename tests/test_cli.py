@@ -300,3 +300,11 @@ def test_check_is_byte_for_byte(project, capsys):
     target.write_bytes(target.read_bytes().replace(b"\n", b"\r\n"))
     assert main(["build", "specs/vector_add.k", "-o", "out", "--check"]) == 1
     assert "out/vector_add.py: stale" in capsys.readouterr().out
+
+
+def test_a_symlinked_spec_is_named_as_linked(project, capsys):
+    (project / "specs" / "sub").mkdir()
+    shutil.copy(project / "specs" / "vector_add.k", project / "specs" / "sub" / "one.k")
+    (project / "specs" / "link.k").symlink_to("sub/one.k")
+    assert main(["build", "specs/link.k", "-o", "out"]) == 0
+    assert "from specs/link.k" in (project / "out" / "link.py").read_text().splitlines()[0]
