@@ -98,10 +98,13 @@ def test_promotion_in_a_declared_kernel_with_literals_and_scalar_parameters():
     assert kir.params[2].is_scalar and kir.params[2].dtype is D.F32
 
 
-def test_declared_output_dtype_is_a_cast_on_store():
-    (kir,) = check(parse("kernel k(X: f32[N]) -> Y: f16[N] {\n    Y = X * 2\n}\n"))
+@pytest.mark.parametrize("declared", ["f16[N]", "f16"])
+def test_declared_output_dtype_is_a_cast_on_store(declared):
+    """With or without its shape, a declared output type casts what the body computes."""
+    (kir,) = check(parse(f"kernel k(X: f32[N]) -> Y: {declared} {{\n    Y = X * 2\n}}\n"))
     node = kir.outputs[0].node
     assert node.dtype is D.F16 and node.op is Op.CAST and node.inputs[0].dtype is D.F32
+    assert node.shape == ("N",)
 
 
 def test_declared_broadcasting_shapes():
