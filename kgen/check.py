@@ -124,7 +124,8 @@ def matmul_lhs_inputs(kernel: S.Kernel) -> tuple[str, ...]:
     """The inputs that the left operand of a headerless kernel's first '@' reads, directly
     or through the statements it names, in order of appearance (the MoE form's rows)."""
     values = {stmt.target.id: stmt.value for stmt in kernel.body}
-    mm = next((e for stmt in kernel.body for e in _walk(stmt.value) if isinstance(e, S.BinOp) and e.op == "@"), None)
+    mm = next((e for stmt in kernel.body for e, _ in S.walk(stmt.value) if isinstance(e, S.BinOp) and e.op == "@"),
+              None)
     found, pending = [], _names_read(mm.left) if mm else []
     while pending:
         name = pending.pop(0)
@@ -136,21 +137,7 @@ def matmul_lhs_inputs(kernel: S.Kernel) -> tuple[str, ...]:
 
 
 def _names_read(expr: S.Expr) -> list[str]:
-    return [e.id for e in _walk(expr) if isinstance(e, S.Name)]
-
-
-def _walk(expr: S.Expr):
-    """The expression's nodes, each before its operands, left to right."""
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        yield e
-        if isinstance(e, S.Call):
-            stack.extend(reversed([*e.args, *(v for _, v in e.kwargs)]))
-        elif isinstance(e, S.BinOp):
-            stack.extend([e.right, e.left])
-        elif isinstance(e, S.Neg):
-            stack.append(e.operand)
+    return [e.id for e, _ in S.walk(expr) if isinstance(e, S.Name)]
 
 
 def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], schedule) -> KernelIR:
@@ -213,18 +200,7 @@ def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
 
 
 def _first_use(k: S.Kernel, name: str) -> Span | None:
-    stack = [s.value for s in reversed(k.body)]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, S.Name) and e.id == name:
-            return e.span
-        if isinstance(e, S.Call):
-            stack.extend(reversed([*e.args, *(v for _, v in e.kwargs)]))
-        elif isinstance(e, S.BinOp):
-            stack.extend([e.right, e.left])
-        elif isinstance(e, S.Neg):
-            stack.append(e.operand)
-    return None
+    return next((e.span for s in k.body for e, _ in S.walk(s.value) if isinstance(e, S.Name) and e.id == name), None)
 
 
 def _check_schedules(module: S.Module) -> None:

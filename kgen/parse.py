@@ -89,18 +89,9 @@ MAX_DEPTH = 150
 
 
 def _check_depth(stmt: S.Assign) -> None:
-    stack = [(stmt.value, 1)]
-    while stack:
-        e, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise SpecError(f"this statement nests expressions more than {MAX_DEPTH} levels deep; "
-                            f"split it into several statements", stmt.span)
-        if isinstance(e, S.Call):
-            stack += [(a, depth + 1) for a in (*e.args, *(v for _, v in e.kwargs))]
-        elif isinstance(e, S.BinOp):
-            stack += [(e.left, depth + 1), (e.right, depth + 1)]
-        elif isinstance(e, S.Neg):
-            stack.append((e.operand, depth + 1))
+    if any(depth > MAX_DEPTH for _, depth in S.walk(stmt.value)):
+        raise SpecError(f"this statement nests expressions more than {MAX_DEPTH} levels deep; "
+                        f"split it into several statements", stmt.span)
 
 
 def _unwrapped(e: lark.exceptions.VisitError, text: str, path: str) -> Exception:

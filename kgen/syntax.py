@@ -48,6 +48,21 @@ class Neg:
 Expr = Number | Name | Call | BinOp | Neg
 
 
+def walk(expr: Expr):
+    """(node, depth) for each node of ``expr``, each before its operands, left to right;
+    ``expr`` is at depth 1.  Iterative: a spec's nesting never meets Python's stack."""
+    stack = [(expr, 1)]
+    while stack:
+        e, depth = stack.pop()
+        yield e, depth
+        if isinstance(e, Call):
+            stack.extend((a, depth + 1) for a in reversed([*e.args, *(v for _, v in e.kwargs)]))
+        elif isinstance(e, BinOp):
+            stack.extend([(e.right, depth + 1), (e.left, depth + 1)])
+        elif isinstance(e, Neg):
+            stack.append((e.operand, depth + 1))
+
+
 @dataclass(frozen=True)
 class Assign:
     target: Name

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import kgen
+from kgen.runtime import _UMASK
 from kgen.cli import main
 from kgen.pipeline import generate
 
@@ -286,12 +287,7 @@ def test_build_skips_what_is_not_a_file_and_writes_readable_files(project, capsy
     written = sorted(p.name for p in (project / "out").iterdir())
     assert "pipe.py" not in written and "folder.py" not in written and "vector_add.py" in written
     mode = (project / "out" / "vector_add.py").stat().st_mode & 0o777
-    assert mode == 0o666 & ~runtime_umask()
-
-
-def runtime_umask() -> int:
-    from kgen.runtime import _UMASK
-    return _UMASK
+    assert mode == 0o666 & ~_UMASK
 
 
 def test_check_is_byte_for_byte(project, capsys):
