@@ -444,7 +444,9 @@ def grouped_linear_gelu_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
+    # first loads are in flight during this tile's last steps and its store
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -528,7 +530,9 @@ def grouped_linear_gelu_tma_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
+    # first loads are in flight during this tile's last steps and its store
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -630,7 +634,7 @@ def grouped_linear_gelu_moe_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))
@@ -706,7 +710,7 @@ def grouped_linear_gelu_moe_tma_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))

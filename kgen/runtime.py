@@ -158,9 +158,8 @@ class Kernel:
             if isinstance(e, TypeError) and e.__traceback__.tb_next is None:  # raised binding the arguments
                 raise CallError(f"{signature}: {e}") from None
             if "config" in kwargs:   # a config given by hand that the host function or Triton refused
-                why = (str(e).strip().splitlines() or [""])[0][:200]
                 raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
-                                f"({type(e).__name__}: {why})") from None
+                                f"({type(e).__name__}: {_reason(e)})") from None
             raise
 
     def moe(self, *args, offs=None, **kwargs):
@@ -386,3 +385,19 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> 
     target = Path(out_dir or "generated") / (Path(path).stem + ".py")
     write_atomic(target, generated.source)
     return target
+
+
+def _reason(error: BaseException) -> str:
+    """One line saying why a launch failed.  Triton's CompilationError prints where it
+    failed first ("at 12:30:" and the source lines) and why last (its ``error_message``), or
+    leaves the why to the error it chains (a failure inside a called jit function)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        why = getattr(error, "error_message", None)
+        if why:
+            return str(why).strip().splitlines()[0][:200]
+        if not hasattr(error, "error_message") or error.__cause__ is None:
+            break
+        error = error.__cause__
+    return (str(error).strip().splitlines() or [""])[0][:200]

@@ -721,8 +721,11 @@ def test_concurrent_tuners_keep_every_entry(cache):
     kernel, args, times, path, data, key = planted(cache)
     path.unlink()
     keys = [f"problem-{i}" for i in range(6)]
+    # forked children touch only files (CUDA cannot start again in a fork): each stores into
+    # the disk cache the parent made
+    disk = make_tuner(kernel, fake_clock(times, []))._disk(args[0])
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_store_one, args=(cache, k)) for k in keys]
+    procs = [ctx.Process(target=disk.store, args=(k, CONFIGS[0], 1.0)) for k in keys]
     for p in procs:
         p.start()
     for p in procs:
@@ -730,11 +733,6 @@ def test_concurrent_tuners_keep_every_entry(cache):
         assert p.exitcode == 0
     tuner = make_tuner(kernel, fake_clock(times, []))
     assert set(keys) <= set(tuner._disk(args[0]).entries())
-
-
-def _store_one(cache, key):
-    kernel, args, times, path, data, _ = planted(cache)
-    make_tuner(kernel, fake_clock(times, []))._disk(args[0]).store(key, CONFIGS[0], 1.0)
 
 
 def test_trusted_cache_entry_is_used(cache):

@@ -331,3 +331,24 @@ def test_bool_scalar_parameters_take_python_bools():
             k(x, bad)
     with pytest.raises(SpecError, match="default 2 is not a valid bool"):
         kgen.compile("kernel f(x: f32[N], b: bool = 2) -> y: f32[N] {\n    y = x * f32(b)\n}\n")
+
+
+def test_a_triton_compilation_error_is_told_by_its_reason_not_its_position():
+    """Triton's CompilationError starts with "at 12:30:" and the source; a config refused
+    on a GPU is reported by the reason it gives last, or by the error it chains."""
+    import ast
+    from triton.compiler.errors import CompilationError
+    from kgen.runtime import _reason
+    src = "def f(x):\n    return tl.arange(0, 3)\n"
+    node = ast.parse(src).body[0].body[0]
+    direct = CompilationError(src, node, "arange's range must be a power of 2")
+    assert str(direct).startswith("at 2:4:")
+    assert _reason(direct) == "arange's range must be a power of 2"
+    try:
+        try:
+            raise ValueError("shape element 0 must be a power of 2\nmore")
+        except ValueError as inner:
+            raise CompilationError(src, node, None) from inner
+    except CompilationError as chained:
+        assert _reason(chained) == "shape element 0 must be a power of 2"
+    assert _reason(KeyError("BLOCK_SIZE")) == "'BLOCK_SIZE'"
