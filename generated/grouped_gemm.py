@@ -374,8 +374,15 @@ def _group_programs(device, num_tiles, config):
     return max(1, min(num_tiles, _num_sms(device) * config.get("programs_per_sm", 1)))
 
 
-def _group_launch(config):
-    return {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+def _group_launch(config, device, operand_bytes):
+    """The kernel's launch options from a config, and FLATTEN: whether shared memory holds
+    the K loop's buffers (num_stages tiles of both operands) and the epilogue's f32 tile at
+    once, as a tile loop pipelined with its K loop needs."""
+    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    buffers = config.get("num_stages", 1) * (block_m + block_n) * block_k * operand_bytes
+    limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0
+    return {**launch, "FLATTEN": buffers + block_m * block_n * 4 <= limit}
 
 
 def _group_tma(device, layout, a, b):
@@ -427,7 +434,7 @@ def grouped_gemm_kernel(
     meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, C_UNIT: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for each problem of a group: the programs walk the
     # tiles of all problems, tile_id = program_id, program_id + num_programs, ...
@@ -439,9 +446,10 @@ def grouped_gemm_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
-    # first loads are in flight during this tile's last steps and its store
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
+    # loads are in flight during this tile's last steps and its store (where shared memory
+    # holds the pipeline's buffers and the epilogue's at once)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -511,7 +519,7 @@ def grouped_gemm_tma_kernel(
     meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_UNIT: tl.constexpr, B_UNIT: tl.constexpr, C_UNIT: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr,
 ):
     # The list kernel for Hopper: A and B through TMA descriptors made on the device
@@ -521,9 +529,10 @@ def grouped_gemm_tma_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
-    # first loads are in flight during this tile's last steps and its store
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
+    # loads are in flight during this tile's last steps and its store (where shared memory
+    # holds the pipeline's buffers and the epilogue's at once)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -603,7 +612,7 @@ def grouped_gemm_moe_kernel(
     B_stride, B_stride0, B_stride1,
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
@@ -620,7 +629,7 @@ def grouped_gemm_moe_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))
@@ -677,7 +686,7 @@ def grouped_gemm_moe_tma_kernel(
     G, T, N, K,
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # The MoE kernel for Hopper: A [T, K] (rows contiguous) and B [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
@@ -693,7 +702,7 @@ def grouped_gemm_moe_tma_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))
@@ -787,13 +796,13 @@ def grouped_gemm(A, B, *, out=None, config=None):
     grid = (_group_programs(device, num_tiles, config),)
     if config.get("TMA") and _group_tma(device, layout, "A", "B"):
         grouped_gemm_tma_kernel[grid](
-            table, G, num_tiles, **layout, **_group_launch(config),
+            table, G, num_tiles, **layout, **_group_launch(config, device, 2),
             A_T=layout["A_UNIT"] == 0, B_T=layout["B_UNIT"] == 0,
         )
         return C
     # TMA cannot read these operands here: the pointer kernel, same tiles
     grouped_gemm_kernel[grid](
-        table, G, num_tiles, **layout, **_group_launch(config),
+        table, G, num_tiles, **layout, **_group_launch(config, device, 2),
     )
     return C
 
@@ -828,7 +837,7 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
                 A_desc, B_desc, C, offs,
                 G, T, N, K,
                 C.stride(0), C.stride(1),
-                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C), **_group_launch(config),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C), **_group_launch(config, device, 2),
             )
             return C
         # TMA cannot read these operands here: the pointer kernel, same tiles
@@ -839,6 +848,6 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
         B.stride(0), B.stride(1), B.stride(2),
         C.stride(0), C.stride(1),
         G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
-        INT64=_needs_int64(A, B, C), **_group_launch(config),
+        INT64=_needs_int64(A, B, C), **_group_launch(config, device, 2),
     )
     return C

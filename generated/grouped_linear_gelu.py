@@ -379,8 +379,15 @@ def _group_programs(device, num_tiles, config):
     return max(1, min(num_tiles, _num_sms(device) * config.get("programs_per_sm", 1)))
 
 
-def _group_launch(config):
-    return {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+def _group_launch(config, device, operand_bytes):
+    """The kernel's launch options from a config, and FLATTEN: whether shared memory holds
+    the K loop's buffers (num_stages tiles of both operands) and the epilogue's f32 tile at
+    once, as a tile loop pipelined with its K loop needs."""
+    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    buffers = config.get("num_stages", 1) * (block_m + block_n) * block_k * operand_bytes
+    limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0
+    return {**launch, "FLATTEN": buffers + block_m * block_n * 4 <= limit}
 
 
 def _group_tma(device, layout, a, b):
@@ -432,7 +439,7 @@ def grouped_linear_gelu_kernel(
     meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     X_UNIT: tl.constexpr, W_UNIT: tl.constexpr, b_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem of a group: the programs walk the
     # tiles of all problems, tile_id = program_id, program_id + num_programs, ...
@@ -444,9 +451,10 @@ def grouped_linear_gelu_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
-    # first loads are in flight during this tile's last steps and its store
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
+    # loads are in flight during this tile's last steps and its store (where shared memory
+    # holds the pipeline's buffers and the epilogue's at once)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -520,7 +528,7 @@ def grouped_linear_gelu_tma_kernel(
     meta_ptr, G, num_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     X_UNIT: tl.constexpr, W_UNIT: tl.constexpr, b_UNIT: tl.constexpr, Y_UNIT: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr,
 ):
     # The list kernel for Hopper: X and W through TMA descriptors made on the device
@@ -530,9 +538,10 @@ def grouped_linear_gelu_tma_kernel(
     # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
-    # flatten: the tile loop and the K loop are pipelined as one, so that the next tile's
-    # first loads are in flight during this tile's last steps and its store
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
+    # loads are in flight during this tile's last steps and its store (where shared memory
+    # holds the pipeline's buffers and the epilogue's at once)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         # this tile's problem g: as many as end at or before it (problems without tiles,
         # where M or N is 0, among them), and where its tiles start
         past = tile_ends <= tile_id
@@ -617,7 +626,7 @@ def grouped_linear_gelu_moe_kernel(
     b_stride, b_stride0,
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
@@ -634,7 +643,7 @@ def grouped_linear_gelu_moe_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))
@@ -694,7 +703,7 @@ def grouped_linear_gelu_moe_tma_kernel(
     b_stride, b_stride0,
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr,
+    G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     # The MoE kernel for Hopper: X [T, K] (rows contiguous) and W [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
@@ -710,7 +719,7 @@ def grouped_linear_gelu_moe_tma_kernel(
     row_counts = tl.where(idx < G, row_ends - row_starts, 0)
     tile_ends = tl.cumsum(tl.cdiv(row_counts, BLOCK_M) * tl.cdiv(N, BLOCK_N), 0)
     num_tiles = tl.max(tile_ends)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         past = tile_ends <= tile_id
         g = tl.sum(past.to(tl.int32))
         tile_start = tl.max(tl.where(past, tile_ends, 0))
@@ -808,13 +817,13 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
     grid = (_group_programs(device, num_tiles, config),)
     if config.get("TMA") and _group_tma(device, layout, "X", "W"):
         grouped_linear_gelu_tma_kernel[grid](
-            table, G, num_tiles, **layout, **_group_launch(config),
+            table, G, num_tiles, **layout, **_group_launch(config, device, 2),
             A_T=layout["X_UNIT"] == 0, B_T=layout["W_UNIT"] == 0,
         )
         return Y
     # TMA cannot read these operands here: the pointer kernel, same tiles
     grouped_linear_gelu_kernel[grid](
-        table, G, num_tiles, **layout, **_group_launch(config),
+        table, G, num_tiles, **layout, **_group_launch(config, device, 2),
     )
     return Y
 
@@ -852,7 +861,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
                 G, T, N, K,
                 b.stride(0), b.stride(1),
                 Y.stride(0), Y.stride(1),
-                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config, device, 2),
             )
             return Y
         # TMA cannot read these operands here: the pointer kernel, same tiles
@@ -864,6 +873,6 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
         b.stride(0), b.stride(1),
         Y.stride(0), Y.stride(1),
         G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
-        INT64=_needs_int64(X, W, b, Y), **_group_launch(config),
+        INT64=_needs_int64(X, W, b, Y), **_group_launch(config, device, 2),
     )
     return Y

@@ -67,6 +67,10 @@ class Tuning:
     key: Callable | None = None
     # (argument, axis) pairs whose size ``problem_key`` rounds up to a power of two
     buckets: tuple[tuple[str, int], ...] = ()
+    # time the configs' GPU work alone, replayed from a CUDA graph: for plans whose configs
+    # cost the host the same per call, which do_bench would time instead of the GPU when the
+    # host is the slower (short kernels, a slow CPU)
+    graphs: bool = False
 
 
 # A later candidate replaces the best so far only when it is faster by more than this:
@@ -164,8 +168,16 @@ class DiskCache:
             print(f"kgen: cannot write the autotune cache {self.path}: {e}", file=sys.stderr)
 
 
-def do_bench(fn) -> float:
-    from triton.testing import do_bench as bench
+def do_bench(fn, graphs: bool = False) -> float:
+    """Milliseconds per call of ``fn``; with ``graphs``, of its GPU work, replayed from a
+    CUDA graph (a call that cannot be captured, e.g. one that copies a Python list to the
+    GPU, is timed call by call)."""
+    from triton.testing import do_bench as bench, do_bench_cudagraph
+    if graphs:
+        try:
+            return do_bench_cudagraph(fn, rep=20, return_mode="median")
+        except Exception:   # capture refused: time the calls instead
+            pass
     return bench(fn, warmup=25, rep=100, return_mode="median")
 
 
@@ -180,7 +192,7 @@ class Tuner:
                  device_name: str | None = None, force: bool = False):
         self.host, self.tuning, self.source, self.name = host, tuning, source, name
         self.signature = inspect.signature(host)
-        self.bench = bench or (lambda run, config: do_bench(run))
+        self.bench = bench or (lambda run, config: do_bench(run, tuning.graphs))
         self.device_name, self.force = device_name, force
         self.memory: dict[tuple, dict | None] = {}
         self.cache: DiskCache | None = None

@@ -2,10 +2,10 @@
 
 ``run`` builds a spec, runs it on random data (GPU, or Triton's interpreter) and
 compares every output with the float64 reference.  ``bench`` times the kernel with
-``triton.testing.do_bench`` against the same math in eager PyTorch and under
-``torch.compile`` (both built from the reference evaluator, in the same run), over a
-size sweep chosen by the kernel's pattern, and reports time, GB/s or TFLOP/s and the
-ratio to each baseline.
+``triton.testing.do_bench`` (or, with ``--graph``, replayed from CUDA graphs: GPU time
+alone) against the same math in eager PyTorch and under ``torch.compile`` (both built
+from the reference evaluator, in the same run), over a size sweep chosen by the kernel's
+pattern, and reports time, GB/s or TFLOP/s and the ratio to each baseline.
 """
 from __future__ import annotations
 
@@ -258,11 +258,11 @@ def _concrete(d, inputs, kir: KernelIR) -> int:
 def bench(args) -> int:
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA GPU (use kgen run to check results on the interpreter)")
-    from triton.testing import do_bench
-    time_it = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
+    time_it = _graph_time if args.graph else _call_time
     if args.path is None and args.suite is None:
         raise KgenError("kgen bench: give a spec to time, or --suite NAME")
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}"
+          + (", GPU time per call replayed from CUDA graphs" if args.graph else ""))
     if args.suite is not None:
         from .suites import run
         table = run(args.suite, args.rounds, time_it)
@@ -314,6 +314,25 @@ def bench(args) -> int:
     if args.plot:
         _plot(rows, args.plot)
     return 0
+
+
+def _call_time(fn) -> float:
+    """Microseconds per call, as triton.testing.do_bench times them: calls back to back with
+    L2 flushed in between, so the host's time per call when it is the longer."""
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def _graph_time(fn) -> float:
+    """Microseconds of GPU work per call: calls captured in a CUDA graph and replayed, as a
+    model run under CUDA graphs calls them (no host time, no L2 flush).  A call that cannot
+    be captured is timed as _call_time does, and says so."""
+    from triton.testing import do_bench_cudagraph
+    try:
+        return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+    except Exception as e:
+        print(f"  not capturable in a CUDA graph ({type(e).__name__}): timed call by call", file=sys.stderr)
+        return _call_time(fn)
 
 
 def interleaved(fns: dict, rounds: int, time_it) -> dict[str, float]:

@@ -209,6 +209,17 @@ def test_bench_times_kgen_and_baselines_in_turn_and_reports_medians():
     assert times == {"kgen": 5.0, "eager": 2.0, "compile": 8.0}
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [[], ["--graph"]])
+def test_gpu_bench_prints_a_row_per_size_timed_by_calls_or_from_graphs(project, capsys, tmp_path, graph):
+    import json
+    assert main(["bench", "specs/vector_add.k", "--shape", "N=2**20", "--rounds", "1", "--no-compile",
+                 "--json", str(tmp_path / "rows.json"), *graph]) == 0
+    assert ("from CUDA graphs" in capsys.readouterr().out) == bool(graph)
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    assert row["kgen_us"] > 0 and row["eager_us"] > 0 and row["unit"] == "GB/s"
+
+
 def test_bench_suites_are_the_ones_the_cli_offers():
     from kgen import cli, suites
     assert set(cli.SUITE_NAMES) == set(suites.SUITES)

@@ -715,7 +715,7 @@ def test_tuner_times_group_configs_and_keeps_them_on_disk(cache, form):
 
 def test_generated_source_reads_like_tutorial_08_done_right():
     source = kgen.compile("specs/grouped_gemm.k").source
-    assert "for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):" in source
+    assert "for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):" in source
     assert "g = tl.sum(past.to(tl.int32))" in source       # each tile's problem, from the tile ends
     assert ".to(tl.pointer_type(tl.float16))" in source
     assert "tl.multiple_of(A_ptr, 16)" in source and "offs_bn = offs_n % N" in source
@@ -725,6 +725,24 @@ def test_generated_source_reads_like_tutorial_08_done_right():
     with open("generated/grouped_gemm.py") as f:
         assert f.read() == source
 
+
+
+def test_tile_and_k_loops_are_flattened_only_where_shared_memory_holds_both(monkeypatch):
+    """The flattened loop keeps the K loop's buffers and the epilogue's f32 tile in shared
+    memory at once: 128 x 256 tiles with 3 stages of f16 need 278552 bytes on an H100
+    (OutOfResources against its 232448 with gelu(A @ W + b)), 64 x 128 with 4 stages fit."""
+    import types
+    module = kgen.compile("specs/grouped_linear_gelu.k").module
+    monkeypatch.setattr(module, "_properties", lambda device: types.SimpleNamespace(shared_memory_per_block_optin=232448))
+    cuda = torch.device("cuda")
+    launch = lambda bm, bn, bk, stages: module._group_launch(
+        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=stages, programs_per_sm=1, TMA=True),
+        cuda, 2)
+    assert launch(128, 256, 64, 3)["FLATTEN"] is False
+    assert launch(64, 128, 64, 4)["FLATTEN"] is True
+    assert launch(128, 128, 64, 4)["FLATTEN"] is True
+    assert "programs_per_sm" not in launch(64, 128, 64, 4) and "TMA" not in launch(64, 128, 64, 4)
+    assert module._group_launch(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), torch.device("cpu"), 2)["FLATTEN"] is False
 
 # --- GPU ------------------------------------------------------------------------------------------------
 
@@ -757,6 +775,25 @@ def test_gpu_every_candidate_config(untuned, dtype):
     for config in getattr(module, f"{k._last.name}_configs"):
         got = getattr(module, k._last.name)(a, b, bias, config=config)
         assert_group_close(got, want, a, b, 1.2, "tf32")
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_falls_back():
+    """The grouped tuners time GPU work alone (a CUDA graph); a call that cannot be captured
+    (offs as a Python list: a copy to the GPU) is timed call by call, and CUDA still works."""
+    from kgen import autotune
+    rows = [64, 200, 0, 333]
+    offs = [sum(rows[:i + 1]) for i in range(len(rows))]
+    a, w = randn(offs[-1], 128, dtype=torch.float16), torch.randn(4, 128, 96, device="cuda", dtype=torch.float16)
+    out = torch.empty(offs[-1], 96, device="cuda", dtype=torch.float16)
+    headerless = compiled("C = A @ B")
+    headerless.moe(a, w, offs=offs)
+    k = headerless._last
+    assert k._tuner.tuning.graphs and k._moe_tuner.tuning.graphs
+    graphed = autotune.do_bench(lambda: k._moe_host(a, w, offs=torch.tensor(offs, device="cuda"), out=out), True)
+    refused = autotune.do_bench(lambda: k._moe_host(a, w, offs=offs, out=out), True)
+    assert 0 < graphed < 10 and 0 < refused < 10
+    assert_close(k.moe(a, w, offs=offs), moe_reference(a, w, offs, lambda y, g: y), moe_bound(a, w, offs), 1.0, "tf32")
 
 
 @pytest.mark.gpu

@@ -186,6 +186,7 @@ class GroupedPlan:
     sizes: str                    # "M, N, K": the host's per-problem lists
     table_tensors: str            # '("A", A), ("B", B), ("C", C)'
     vector: int                   # elements of the operands in 16 bytes
+    operand_bytes: int            # bytes of the widest input element (the operands' tiles as loaded)
     scalars: tuple[str, ...]
     units: tuple[str, ...]        # the kernel's X_UNIT constexprs
     width: int                    # int64 per problem row
@@ -296,7 +297,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"), operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
-        vector=vector, scalars=low.scalars, units=units, width=len(columns),
+        vector=vector, operand_bytes=max(params[t].dtype.bits for t in low.tensors) // 8, scalars=low.scalars, units=units, width=len(columns),
         columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
         table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),
         configs=tuple(config_text(c) for c in candidates),
@@ -304,10 +305,12 @@ def match(kir: KernelIR) -> GroupedPlan | None:
                         for limit, c in rows),
         interpreter=config_text(_config(INTERPRETER_CONFIG)),
         scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
+        # timed on the GPU alone (graphs): every config costs the host the same per call but
+        # TMA's, which is timed only for groups large enough to hide it (TMA_MIN_FLOP)
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
-                      partial(group_key, names=list_params, lhs=a_name, rhs=b_name)),
+                      partial(group_key, names=list_params, lhs=a_name, rhs=b_name), graphs=True),
         moe_tuning=(Tuning(candidates if tunable else (), partial(prune_moe, lhs=a_name, rhs=b_name),
-                           partial(moe_key, names=list_params, lhs=a_name, rhs=b_name))
+                           partial(moe_key, names=list_params, lhs=a_name, rhs=b_name), graphs=True)
                     if moe["moe"] else None))
 
 
