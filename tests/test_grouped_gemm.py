@@ -778,7 +778,7 @@ def test_gpu_every_candidate_config(untuned, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_falls_back():
+def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_falls_back(monkeypatch):
     """The grouped tuners time GPU work alone (a CUDA graph); a call that cannot be captured
     (offs as a Python list: a copy to the GPU) is timed call by call, and CUDA still works."""
     from kgen import autotune
@@ -790,7 +790,11 @@ def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_fa
     headerless.moe(a, w, offs=offs)
     k = headerless._last
     assert k._tuner.tuning.graphs and k._moe_tuner.tuning.graphs
-    graphed = autotune.do_bench(lambda: k._moe_host(a, w, offs=torch.tensor(offs, device="cuda"), out=out), True)
+    import triton.testing
+    offs_gpu = torch.tensor(offs, device="cuda")
+    with monkeypatch.context() as m:     # the graph's timing, not the fallback's
+        m.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("captured calls were timed one by one"))
+        graphed = autotune.do_bench(lambda: k._moe_host(a, w, offs=offs_gpu, out=out), True)
     refused = autotune.do_bench(lambda: k._moe_host(a, w, offs=offs, out=out), True)
     assert 0 < graphed < 10 and 0 < refused < 10
     assert_close(k.moe(a, w, offs=offs), moe_reference(a, w, offs, lambda y, g: y), moe_bound(a, w, offs), 1.0, "tf32")
