@@ -385,7 +385,7 @@ def _group_launch(config, device, operand_bytes):
     once, as a tile loop pipelined with its K loop needs."""
     launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    buffers = config.get("num_stages", 1) * (block_m + block_n) * block_k * operand_bytes
+    buffers = config.get("num_stages", 3) * (block_m + block_n) * block_k * operand_bytes  # 3: Triton's default
     limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0
     return {**launch, "FLATTEN": buffers + block_m * block_n * 4 <= limit}
 

@@ -741,6 +741,9 @@ def test_tile_and_k_loops_are_flattened_only_where_shared_memory_holds_both(monk
     assert launch(128, 256, 64, 3)["FLATTEN"] is False
     assert launch(64, 128, 64, 4)["FLATTEN"] is True
     assert launch(128, 128, 64, 4)["FLATTEN"] is True
+    # a config by hand without num_stages gets Triton's default, 3: 128 x 128 x 128 does not fit then
+    assert module._group_launch(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128), cuda, 2)["FLATTEN"] is False
+    assert launch(128, 128, 128, 1)["FLATTEN"] is True
     assert "programs_per_sm" not in launch(64, 128, 64, 4) and "TMA" not in launch(64, 128, 64, 4)
     assert module._group_launch(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), torch.device("cpu"), 2)["FLATTEN"] is False
 

@@ -18,7 +18,10 @@ N = 0) take no tiles and are skipped.  Unlike tutorial 08, partial tiles are mas
 (rows and columns wrap around in the K loop and are masked at the store; K is masked
 unless every K is a multiple of BLOCK_K), each problem has its own strides (row-major,
 transposed or any), the K loop is pipelined (``num_stages``), and loads are vectorized
-where the layout allows (below).
+where the layout allows (below).  Where shared memory holds the K loop's buffers and the
+epilogue's f32 tile at once (the host's ``FLATTEN``, from the config and the GPU's limit)
+the tile loop is flattened with the K loop, so that the next tile's loads start during
+this tile's last steps and its store; with 128 x 256 tiles they do not fit together.
 
 **The metadata** (list form): one int64 table, the G tile ends, then a row per problem:
 ``[M, N, K, address of each tensor, each tensor's strides]``.  The host builds it from
@@ -66,7 +69,9 @@ tensors are stacked; a rank-2 tensor is ragged when it has as many rows as the f
 signature, not its exact sizes (a MoE layer's sizes change every step): the dtype, G,
 the powers of two above the largest M, N and K and above the mean output tile area, the
 power of two nearest the total M*N*K, and the operands' layouts; cached on disk by
-``kgen/autotune.py`` as for the GEMM.  Without tuning (the interpreter, ``KGEN_AUTOTUNE=0``)
+``kgen/autotune.py`` as for the GEMM.  Configs are timed from CUDA graphs (GPU work
+alone): the host's time per call is the same for each, and timed call by call a short
+group runs at the host's pace on a slow CPU, which leaves the choice to noise.  Without tuning (the interpreter, ``KGEN_AUTOTUNE=0``)
 a heuristic picks tiles from the output elements per SM (never TMA).
 
 Limits: per-problem operands are 2-D (no batch axis inside a problem); every tensor
