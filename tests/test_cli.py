@@ -77,6 +77,24 @@ def test_check_names_stale_and_missing_files(project, capsys):
     assert snapshot(project) == before
 
 
+def test_check_names_the_module_of_a_deleted_spec(project, capsys):
+    """A spec deleted (or renamed) from a checked folder leaves its module behind: stale.
+    A module built from a spec elsewhere and a hand-written file are not the check's."""
+    (project / "other").mkdir()
+    shutil.copy(ROOT / "specs" / "vector_add.k", project / "other" / "elsewhere.k")
+    main(["build", "specs", "other"])
+    (project / "generated" / "notes.py").write_text("# written by hand\n")
+    assert main(["build", "specs", "--check"]) == 0
+    (project / "specs" / "silu_mul.k").rename(project / "specs" / "silu_and_mul.k")
+    capsys.readouterr()
+    assert main(["build", "specs", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "generated/silu_mul.py: orphaned (specs/silu_mul.k is gone" in out
+    assert "generated/silu_and_mul.py: missing" in out
+    assert "elsewhere" not in out and "notes" not in out
+    assert main(["build", "specs/vector_add.k", "--check"]) == 0   # a file checked, not a folder
+
+
 def test_check_notices_a_changed_spec(project, capsys):
     main(["build", "specs"])
     spec = project / "specs" / "vector_add.k"
