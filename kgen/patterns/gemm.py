@@ -622,15 +622,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         if 1 in variants:
             candidates += [_config(c, TMA=True) for c in TMA_CANDIDATES_16]
         return tuple(candidates), rows, True, fixed
-    for key, values in {**given, "SPLIT_K": splits}.items():
-        for v in values:
-            if not isinstance(v, int) or v <= 0:
-                raise SpecError(f"{key} takes positive integers, got {v}", kir.span)
-            if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
-                raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
-                                kir.span)
-            if key in ("GROUP_M", "num_warps") and v & (v - 1):
-                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+    check_schedule_values({**given, "SPLIT_K": splits}, kir.span)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
     candidates = []
     for variant in variants:
@@ -649,6 +641,20 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         else:
             constrained.append((m, mn, config))
     return tuple(candidates), tuple(constrained), len(candidates) > 1, fixed
+
+
+def check_schedule_values(given: dict, span) -> None:
+    """A schedule's tile and launch values (GEMM and grouped GEMM): positive integers;
+    tiles powers of two of at least 16, GROUP_M and num_warps powers of two."""
+    for key, values in given.items():
+        for v in values:
+            if not isinstance(v, int) or v <= 0:
+                raise SpecError(f"{key} takes positive integers, got {v}", span)
+            if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
+                raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
+                                span)
+            if key in ("GROUP_M", "num_warps") and v & (v - 1):
+                raise SpecError(f"{key} must be a power of two, got {v}", span)
 
 
 def _closest(value: int, allowed) -> int:

@@ -456,15 +456,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         candidates = [_config(c) for c in (CANDIDATES_32 if wide else CANDIDATES_16)] if 0 in variants else []
         candidates += [_config(c, tma=True) for c in TMA_CANDIDATES_16] if 1 in variants else []
         return tuple(candidates), rows, True
-    for key, values in given.items():
-        for v in values:
-            if not isinstance(v, int) or v <= 0:
-                raise SpecError(f"{key} takes positive integers, got {v}", kir.span)
-            if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
-                raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
-                                kir.span)
-            if key in ("GROUP_M", "num_warps") and v & (v - 1):
-                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+    gemm.check_schedule_values(given, kir.span)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
     candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
     constrained = []
