@@ -733,10 +733,12 @@ def test_tile_and_k_loops_are_flattened_only_where_shared_memory_holds_both(monk
     (OutOfResources against its 232448 with gelu(A @ W + b)), 64 x 128 with 4 stages fit."""
     import types
     module = kgen.compile("specs/grouped_linear_gelu.k").module
-    monkeypatch.setattr(module, "_properties", lambda device: types.SimpleNamespace(shared_memory_per_block_optin=232448))
+    h100 = types.SimpleNamespace(shared_memory_per_block_optin=232448)
+    monkeypatch.setattr(module, "_properties", lambda device: h100)
     cuda = torch.device("cuda")
     launch = lambda bm, bn, bk, stages: module._group_launch(
-        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=stages, programs_per_sm=1, TMA=True),
+        dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=stages, programs_per_sm=1,
+             TMA=True),
         cuda, 2)
     assert launch(128, 256, 64, 3)["FLATTEN"] is False
     assert launch(64, 128, 64, 4)["FLATTEN"] is True

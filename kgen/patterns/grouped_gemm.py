@@ -71,8 +71,9 @@ the powers of two above the largest M, N and K and above the mean output tile ar
 power of two nearest the total M*N*K, and the operands' layouts; cached on disk by
 ``kgen/autotune.py`` as for the GEMM.  Configs are timed from CUDA graphs (GPU work
 alone): the host's time per call is the same for each, and timed call by call a short
-group runs at the host's pace on a slow CPU, which leaves the choice to noise.  Without tuning (the interpreter, ``KGEN_AUTOTUNE=0``)
-a heuristic picks tiles from the output elements per SM (never TMA).
+group runs at the host's pace on a slow CPU, which leaves the choice to noise.  Without
+tuning (the interpreter, ``KGEN_AUTOTUNE=0``) a heuristic picks tiles from the output
+elements per SM (never TMA).
 
 Limits: per-problem operands are 2-D (no batch axis inside a problem); every tensor
 parameter of a grouped kernel is a list (one problem each), scalars are shared; G is
@@ -302,7 +303,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"), operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
-        vector=vector, operand_bytes=max(params[t].dtype.bits for t in low.tensors) // 8, scalars=low.scalars, units=units, width=len(columns),
+        vector=vector, operand_bytes=max(params[t].dtype.bits for t in low.tensors) // 8, scalars=low.scalars,
+        units=units, width=len(columns),
         columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
         table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),
         configs=tuple(config_text(c) for c in candidates),
