@@ -391,13 +391,7 @@ def _reason(error: BaseException) -> str:
     """One line saying why a launch failed.  Triton's CompilationError prints where it
     failed first ("at 12:30:" and the source lines) and why last (its ``error_message``), or
     leaves the why to the error it chains (a failure inside a called jit function)."""
-    seen = set()
-    while id(error) not in seen:
-        seen.add(id(error))
-        why = getattr(error, "error_message", None)
-        if why:
-            return str(why).strip().splitlines()[0][:200]
-        if not hasattr(error, "error_message") or error.__cause__ is None:
-            break
+    while hasattr(error, "error_message") and not error.error_message and error.__cause__ is not None:
         error = error.__cause__
-    return (str(error).strip().splitlines() or [""])[0][:200]
+    why = getattr(error, "error_message", None) or str(error)
+    return (str(why).strip().splitlines() or [""])[0][:200]
