@@ -54,7 +54,7 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
 HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
-           "max_combine", "min_combine", "num_sms", "tma_host", "launch_rows", "group_host")
+           "max_combine", "min_combine", "num_sms", "tma_host", "launch_rows", "launch_split", "group_host")
 _NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
           Op.POW: ("powf",)}

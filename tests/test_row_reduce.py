@@ -116,6 +116,14 @@ class Launches:
             self.options.append(options)
             return real(kernel, n_tiles, per_sm, device, args, **options)
         monkeypatch.setattr(module, "launch_rows", spy)
+        if hasattr(module, "launch_split"):
+            real_split = module.launch_split
+
+            def spy_split(kernel, n_rows, split, values, per_sm, device, args, **options):
+                self.kernels.append(kernel)
+                self.options.append({**options, "SPLIT": split})
+                return real_split(kernel, n_rows, split, values, per_sm, device, args, **options)
+            monkeypatch.setattr(module, "launch_split", spy_split)
 
 
 # A case is (column chunk, rows per tile, M, N) for one of three strategies: one row per
@@ -253,6 +261,81 @@ def test_each_strategy_is_reachable(name, monkeypatch):
         defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
         for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
             assert_matches(got, expected, n)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+def test_split_rows_strategy(name, monkeypatch):
+    """f32 rows past the widest kept on chip are split across a group of programs, one
+    chunk each, when the spec's reductions take one sweep and the group fits the GPU (at
+    most 4 programs per SM, 4 "SMs" on Triton's interpreter); otherwise, and for layernorm
+    (mean, then the variance around it) and f16 rows, the looped kernel runs."""
+    split = name != "layernorm"
+    for dtype, n, want in ((torch.float32, 29, "split" if split else "looped"),
+                           (torch.float32, 4 * (4 * spec_kernel(name).module._num_sms(torch.device(DEVICE)) + 1), "looped"),
+                           (torch.float16, 29, "looped")):
+        kernel = spec_kernel(name, 4, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
+        assert hasattr(kernel.module, f"{name}_split_kernel") == (split and dtype == torch.float32)
+        launches = Launches(kernel.module, monkeypatch)
+        g = torch.Generator().manual_seed(n)
+        X = torch.randn(5, n, generator=g, dtype=torch.float64) * 20
+        X[1] = float("-inf") if name.endswith("softmax") else X[1]
+        X[2, :13] = float("-inf") if name.endswith("softmax") else 0.0   # chunks of -inf only beside others
+        args = {p: (X if p == "X" else torch.randn(n, generator=g, dtype=torch.float64)).to(DEVICE, dtype)
+                for p in kernel.inputs if p != "eps"}
+        outputs = as_tuple(kernel(**args))
+        assert launches.kernels == [getattr(kernel.module, f"{name}_{want}_kernel")], (dtype, n)
+        assert launches.options[0]["BLOCK_N"] == 4
+        if want == "split":
+            assert launches.options[0]["SPLIT"] == -(-n // 4)
+        defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+        for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
+            assert_matches(got, expected, n, f"{name} {dtype} N={n}")
+
+
+SPLIT_SPECS = [
+    """kernel stats(X: f32[M, N]) -> (Y: f32[M, N], total: f32[M, 1]) {
+        m = max(X, axis=-1)
+        Y = exp(X - m) / sum(exp(X - m), axis=-1)
+        total = sum(X, axis=-1)
+    }""",
+    """kernel span(X: f32[M, N], S: f32[M, 1]) -> (Y: f32[M, N], width: f32[M, 1]) {
+        lo = min(X * S, axis=-1)
+        Y = X - lo
+        width = max(X, axis=-1) - lo
+    }""",
+]
+
+
+@pytest.mark.parametrize("text", SPLIT_SPECS)
+def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
+    """Per-row outputs of a split row (``total``, ``width``) come from one program of the
+    group; a per-row operand (``S: [M, 1]``) is read by each."""
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", "8")
+    kernel = kgen.compile(text)
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    values = {"X": torch.randn(6, 37, generator=g) * 5, "S": torch.randn(6, 1, generator=g)}
+    args = {k: v.to(DEVICE) for k, v in values.items() if k in kernel.inputs}
+    outputs = as_tuple(kernel(**args))
+    assert launches.kernels == [getattr(kernel.module, f"{kernel.name}_split_kernel")]
+    assert "if part == 0:" in kernel.source
+    for name, got, want in zip(kernel.outputs, outputs, evaluate(kernel.ir, args)):
+        assert_matches(got, want, 37, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [65536, 262144 + 4099])
+def test_split_rows_on_gpu(n):
+    """Wide f32 rows take the split kernel on a GPU, where its programs wait for each
+    other's partials; a row of -inf and a NaN give what torch gives."""
+    kernel = spec_kernel("softmax", None, None, "f32")
+    launches = Launches(kernel.module, pytest.MonkeyPatch())
+    X = torch.randn(300, n, device=DEVICE) * 10
+    X[7] = float("-inf")
+    X[9, 5] = float("nan")
+    got = kernel(X)
+    assert launches.kernels == [kernel.module.softmax_split_kernel]
+    assert_matches(got, torch.softmax(X.double(), -1), n)
 
 
 def test_force_chunk_environment_knob(monkeypatch):

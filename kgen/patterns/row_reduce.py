@@ -10,7 +10,7 @@ varies along the row (last dim ``N``: ``X``, ``W: [N]``) or is one per row (last
 dim 1: a reduction's result, ``eps``, an input of shape ``[M, 1]``).  Outputs
 have the rows' shape: ``[M, N]`` or ``[M, 1]`` (layernorm's ``mu`` and ``rstd``).
 
-Two kernels per spec; the host picks one per call from ``n_cols``:
+Two or three kernels per spec; the host picks one per call from ``n_cols``:
 
 * **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
   ``MAX_BLOCK_N``.  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
@@ -43,6 +43,24 @@ Two kernels per spec; the host picks one per call from ``n_cols``:
   ``mean((X - mu) ** 2)`` in the next, which is exact where the one-pass
   ``E[x^2] - E[x]^2`` cancels.  ``EVEN_N`` (a whole number of chunks) drops the
   column mask here too.
+* **split rows** (``<name>_split_kernel``), for f32 rows wider than ``MAX_BLOCK_N``
+  when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
+  layernorm): a group of ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one
+  chunk each.  A program computes its chunk's partials as the looped kernel's
+  sweep would for one chunk (an online max and sum for softmax), stores them and
+  raises a flag (release), polls its peers' flags, then combines every partial
+  in the same order, so that all programs of the group see the same row values,
+  and reads its chunk again, now from L2, for the outputs.  The reads from DRAM
+  are one per element instead of two: f32 softmax at N = 65536 and 262144 on an
+  H100, 2230 GB/s where the looped kernel reaches 1960-2050.  Programs wait for
+  each other, so the host launches only as many groups as fit on the GPU at once
+  and picks the looped kernel when one group would not fit; a peer not seen
+  within ``SPLIT_SPIN`` polls has its partials computed by the waiting program
+  from memory (the same code on the same chunk, so the same values), which also
+  lets Triton's interpreter, running programs one by one, run this kernel.
+  Keeping the chunk in registers through the exchange instead of reading it
+  again measured slower, as did one exchange per level (layernorm), and f16
+  rows gained 5% at best: those take the looped kernel.
 
 Numerics: 16-bit inputs are computed in f32 and rounded on store.  Masked lanes
 never reach a reduction: each reduction's operand goes through
@@ -85,6 +103,11 @@ CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
 LOOPED_STAGES = 4           # the column loops' num_stages
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
+# split rows (f32 rows past MAX_BLOCK_N, in chunks of CHUNK_N): warps per program, by the
+# programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
+# where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
+SPLIT_WARPS = "8 if SPLIT <= 8 else 4"
+SPLIT_WARPS_PER_SM = 16     # ... and programs per SM: 16 warps' worth (all resident: each waits for its group)
 SCHEDULE_KEYS = ("BLOCK_N", "BLOCK_ROWS", "num_warps", "num_stages")
 FORCE_CHUNK = "KGEN_FORCE_CHUNK"
 
@@ -93,7 +116,10 @@ I32_MIN, I32_MAX = "-2147483648", "2147483647"
 # Names the kernels and host function define themselves: a spec's may not take them, and
 # reductions' and accumulators' names avoid them.
 _LOCALS = frozenset({"row", "col", "row0", "col0", "last0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
-                     "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64", "EVEN_N", "PER_SM"})
+                     "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64", "EVEN_N", "PER_SM",
+                     # the split kernel's
+                     "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk", "partials_ptr", "flags_ptr",
+                     "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN", "NUM_WARPS"})
 
 
 @dataclass(frozen=True)
@@ -161,6 +187,17 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class Split:
+    """The split-row kernel: one chunk of BLOCK_N columns per program, SPLIT programs to a
+    row; the single level of reductions is computed per chunk, exchanged, combined."""
+
+    reduce: Sweep                       # the level's sweep, for one chunk: partials in the reductions' names
+    published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
+    combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
+    output: Sweep                       # the outputs' sweep, for one chunk
+
+
+@dataclass(frozen=True)
 class Tiling:
     """Host expressions that choose the kernel and its tile per call."""
 
@@ -173,6 +210,8 @@ class Tiling:
     warps: str
     looped_warps: int
     looped_per_sm: int
+    split_warps: str        # host expression of SPLIT
+    split_warps_per_sm: int
 
 
 @dataclass(frozen=True)
@@ -194,7 +233,9 @@ class RowReducePlan:
     stores: tuple[str, ...]
     looped_hoisted: tuple[str, ...]     # looped: before the row loop (last0, uniform loads)
     looped_tile_loads: tuple[str, ...]  # ... per tile (per-row operands)
+    uniform_loads: tuple[str, ...]      # split: before the row loop
     sweeps: tuple[Sweep, ...]
+    split: Split | None                 # None: the spec's rows do not split (several levels, f16 rows)
     tiling: Tiling
     pattern: str = "row_reduce"
     template: str = "row_reduce.jinja"
@@ -348,8 +389,9 @@ class _Planner:
             helpers.append("max_combine")
         if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
             helpers.append("min_combine")
+        split = ("launch_split",) if len(sweeps) == 2 and _row_bytes(kir) == 4 else ()
         return RowReducePlan(
-            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("num_sms", "launch_rows"),
+            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("num_sms", "launch_rows") + split,
             pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
             pointer_values=tuple(o.name for o in inputs) + tuple(scalars) + tuple(o.name for o in outputs),
             sizes=("n_rows", "n_cols", *lead_sizes),
@@ -365,7 +407,9 @@ class _Planner:
             looped_hoisted=(("last0 = (n_cols - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts",)
                             if any(s.backward for s in sweeps) else ()) + tuple(o.load() for o in uniform),
             looped_tile_loads=tuple(o.load() for o in row_loaded),
+            uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
+            split=self.split(sweeps),
             tiling=_tiling(kir),
         )
 
@@ -426,6 +470,7 @@ class _Planner:
         what every sweep can read (per-row values), each loop adds its own locals."""
         level = self.levels()
         sweeps = []
+        self.exchanged: list[tuple[list[Line], list[tuple[str, str, str]], list[Line]]] = []  # per level
         for k in sorted({level[id(r)] for r in self.reductions}):
             group = [r for r in self.reductions if level[id(r)] == k]
             online = {id(r): online_partner(r) for r in group if online_partner(r) is not None}
@@ -437,14 +482,24 @@ class _Planner:
             body = statement_lines(self.kir, roots, inner)
             printer = Printer(inner)
             after: list[Line] = []
+            # the split kernel's exchange: each value a chunk publishes, and how peers' combine
+            chunk_finals: list[Line] = []    # plain reductions' finals: a chunk's partial, as published
+            published: list[tuple[str, str, str]] = []
+            combine: list[Line] = []
             for r in group:
                 if id(r) in online or r in maxes:
                     continue
-                init, update, final = self.accumulate(r, names[id(r)], printer.expr(r.inputs[0])[0])
+                name = names[id(r)]
+                init, update, final = self.accumulate(r, name, printer.expr(r.inputs[0])[0])
                 partials = "partial sums" if r.op in (Op.SUM, Op.MEAN) else f"partial {r.op.value}ima"
                 before.append(Line(f"{self.comment(r)}: {partials} per lane, a chunk at a time", (init,)))
                 body.append(Line(self.comment(r), (update,)))
                 after.append(Line(f"{self.comment(r)}: the lanes' {partials} combined", (final,)))
+                chunk_finals.append(after[-1])
+                peers = self.fresh(f"{name}_peers")
+                identity = {Op.MAX: NEG_INF, Op.MIN: POS_INF}.get(r.op, "0.0")
+                published.append((name, peers, identity))
+                combine.append(Line(f"{self.comment(r)}: the chunks' combined", (f"{name} = {_reduce_peers(r, peers)}",)))
             for m in maxes:
                 sums = [r for r in group if online.get(id(r)) is m]
                 init, update, final = self.online(m, sums, names, printer.expr(m.inputs[0])[0])
@@ -454,7 +509,12 @@ class _Planner:
                                  update))
                 if final:
                     after.append(Line(what, final))
+                values = [(names[id(x)], self.fresh(f"{names[id(x)]}_peers")) for x in (m, *sums)]
+                published += [(name, peers, NEG_INF if i == 0 else "0.0") for i, (name, peers) in enumerate(values)]
+                combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
+                                    self.online_peers(values) + final))
             sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), tuple(after)))
+            self.exchanged.append((chunk_finals, published, combine))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
         roots = [self.computed[o.name] for o in row_out]
@@ -469,6 +529,18 @@ class _Planner:
         for turn, i in enumerate(looping):
             sweeps[i] = replace(sweeps[i], backward=turn % 2 == 1)
         return sweeps
+
+    def split(self, sweeps: list[Sweep]) -> Split | None:
+        """The split-row kernel, for a spec whose reductions take one sweep (softmax,
+        log-softmax, rmsnorm; not layernorm's mean then variance: an exchange per level cost
+        more than it saved) over rows of 4-byte elements (f32: 2250-2520 GB/s where the looped
+        kernel reaches 1970-2160 on an H100; f16 rows gained 5% at best, and lost with some
+        chunk sizes).  Every reduction is over floats (the partials travel as f32)."""
+        if len(sweeps) != 2 or _row_bytes(self.kir) != 4 or not all(r.dtype.is_float for r in self.reductions):
+            return None
+        (partials, published, combine), = self.exchanged
+        reduce = replace(sweeps[0], after=tuple(partials), backward=False)
+        return Split(reduce, tuple(published), tuple(combine), replace(sweeps[1], backward=False))
 
     def per_row_lines(self, roots, names: dict[int, str], also=()) -> list[Line]:
         """Statements of one value per row that ``roots`` need (and ``also``): computed once
@@ -527,6 +599,16 @@ class _Planner:
         final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
 
+    def online_peers(self, values: list[tuple[str, str]]) -> tuple[str, ...]:
+        """The split kernel's online combine: ``values`` are (name, peers' vector) of a max and
+        its sums, each chunk's sums relative to its own max (0 for a padding peer, -inf max)."""
+        (m, m_peers), sums = values[0], values[1:]
+        shift = self.fresh(f"{m}_shift")
+        lines = [f"{m} = tl.reduce({m_peers}, 1, max_combine, keep_dims=True)",
+                 f"{shift} = tl.where({m} == {NEG_INF}, 0.0, {m})"]
+        lines += [f"{s} = tl.sum({peers} * tl.exp({m_peers} - {shift}), axis=1, keep_dims=True)" for s, peers in sums]
+        return tuple(lines)
+
 
 def _take(pending: dict[int, str], roots, names: dict[int, str]) -> list[str]:
     """The loads in ``pending`` that computing ``roots`` reads, taken out of it."""
@@ -549,6 +631,14 @@ def _reduce(r: Node, x: str) -> str:
         return f"tl.reduce(tl.where(mask, {x}, {identity}), 1, {r.op.value}_combine, keep_dims=True)"
     identity = I32_MIN if r.op is Op.MAX else I32_MAX
     return f"tl.{r.op.value}(tl.where(mask, {x}, {identity}), axis=1, keep_dims=True)"
+
+
+def _reduce_peers(r: Node, peers: str) -> str:
+    """The split kernel's combine of the chunks' partials of ``r`` ([BLOCK_ROWS, SPLIT_BLOCK],
+    padding peers hold the identity; a mean's partials are already divided by n_cols)."""
+    if r.op in (Op.SUM, Op.MEAN):
+        return f"tl.sum({peers}, axis=1, keep_dims=True)"
+    return f"tl.reduce({peers}, 1, {r.op.value}_combine, keep_dims=True)"
 
 
 def _load_cast(dtype) -> str:
@@ -605,4 +695,5 @@ def _tiling(kir: KernelIR) -> Tiling:
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=stages or LOOPED_STAGES,
-        warps=text, looped_warps=warps or LOOPED_WARPS, looped_per_sm=LOOPED_PER_SM)
+        warps=text, looped_warps=warps or LOOPED_WARPS, looped_per_sm=LOOPED_PER_SM,
+        split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
