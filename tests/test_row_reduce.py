@@ -270,8 +270,8 @@ def test_split_rows_strategy(name, monkeypatch):
     most 4 programs per SM, 4 "SMs" on Triton's interpreter); otherwise, and for layernorm
     (mean, then the variance around it) and f16 rows, the looped kernel runs."""
     split = name != "layernorm"
-    for dtype, n, want in ((torch.float32, 29, "split" if split else "looped"),
-                           (torch.float32, 4 * (4 * spec_kernel(name).module._num_sms(torch.device(DEVICE)) + 1), "looped"),
+    too_many = 4 * (4 * spec_kernel(name).module._num_sms(torch.device(DEVICE)) + 1)   # columns in chunks of 4
+    for dtype, n, want in ((torch.float32, 29, "split" if split else "looped"), (torch.float32, too_many, "looped"),
                            (torch.float16, 29, "looped")):
         kernel = spec_kernel(name, 4, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         assert hasattr(kernel.module, f"{name}_split_kernel") == (split and dtype == torch.float32)
@@ -325,11 +325,11 @@ def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [65536, 262144 + 4099])
-def test_split_rows_on_gpu(n):
+def test_split_rows_on_gpu(n, monkeypatch):
     """Wide f32 rows take the split kernel on a GPU, where its programs wait for each
     other's partials; a row of -inf and a NaN give what torch gives."""
     kernel = spec_kernel("softmax", None, None, "f32")
-    launches = Launches(kernel.module, pytest.MonkeyPatch())
+    launches = Launches(kernel.module, monkeypatch)
     X = torch.randn(300, n, device=DEVICE) * 10
     X[7] = float("-inf")
     X[9, 5] = float("nan")

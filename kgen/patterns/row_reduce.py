@@ -118,8 +118,9 @@ I32_MIN, I32_MAX = "-2147483648", "2147483647"
 _LOCALS = frozenset({"row", "col", "row0", "col0", "last0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
                      "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64", "EVEN_N", "PER_SM",
                      # the split kernel's
-                     "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk", "partials_ptr", "flags_ptr",
-                     "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN", "NUM_WARPS"})
+                     "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk",
+                     "partials", "partials_ptr", "flags_ptr", "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN",
+                     "NUM_WARPS"})
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,15 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """A level of reductions as the split kernel exchanges it between the programs of a row."""
+
+    chunk_finals: tuple[Line, ...]      # plain reductions' finals: a chunk's partials, as published
+    published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
+    combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
+
+
+@dataclass(frozen=True)
 class Split:
     """The split-row kernel: one chunk of BLOCK_N columns per program, SPLIT programs to a
     row; the single level of reductions is computed per chunk, exchanged, combined."""
@@ -194,7 +204,7 @@ class Split:
     reduce: Sweep                       # the level's sweep, for one chunk: partials in the reductions' names
     published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
     combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
-    output: Sweep                       # the outputs' sweep, for one chunk
+    output: Sweep                       # the outputs' sweep, for one chunk; per-row stores by part 0
 
 
 @dataclass(frozen=True)
@@ -383,15 +393,17 @@ class _Planner:
         row_loaded = [o for o in inputs if o.rows and o.col is None]
         uniform = [o for o in inputs if not o.rows and o.col is None]
         body = self.on_chip_body(dict(names), {id(nodes_of[o.name]): o.load() for o in inputs})
-        sweeps = self.sweeps(dict(names), {id(nodes_of[o.name]): o for o in inputs if o.col is not None}, outputs)
+        sweeps, exchanges = self.sweeps(dict(names), {id(nodes_of[o.name]): o for o in inputs if o.col is not None},
+                                        outputs)
+        split = self.split(sweeps, exchanges)
         helpers = list(helpers_for(self.nodes))
         if any(r.op is Op.MAX and r.dtype.is_float for r in self.reductions):
             helpers.append("max_combine")
         if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
             helpers.append("min_combine")
-        split = ("launch_split",) if len(sweeps) == 2 and _row_bytes(kir) == 4 else ()
+        helpers += ["num_sms", "launch_rows"] + (["launch_split"] if split else [])
         return RowReducePlan(
-            name=kir.name, host=host(kir), helpers=tuple(helpers) + ("num_sms", "launch_rows") + split,
+            name=kir.name, host=host(kir), helpers=tuple(helpers),
             pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
             pointer_values=tuple(o.name for o in inputs) + tuple(scalars) + tuple(o.name for o in outputs),
             sizes=("n_rows", "n_cols", *lead_sizes),
@@ -409,7 +421,7 @@ class _Planner:
             looped_tile_loads=tuple(o.load() for o in row_loaded),
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
-            split=self.split(sweeps),
+            split=split,
             tiling=_tiling(kir),
         )
 
@@ -465,12 +477,12 @@ class _Planner:
             level[id(n)] = level[id(partner)] if partner is not None else base + (n.op in REDUCTIONS)
         return level
 
-    def sweeps(self, names: dict[int, str], chunked: dict[int, Operand], outputs: list[Operand]) -> list[Sweep]:
+    def sweeps(self, names: dict[int, str], chunked: dict[int, Operand],
+               outputs: list[Operand]) -> tuple[list[Sweep], list[Exchange]]:
         """One sweep per level of reductions, then one for the outputs; ``names`` holds
         what every sweep can read (per-row values), each loop adds its own locals."""
         level = self.levels()
-        sweeps = []
-        self.exchanged: list[tuple[list[Line], list[tuple[str, str, str]], list[Line]]] = []  # per level
+        sweeps, exchanges = [], []
         for k in sorted({level[id(r)] for r in self.reductions}):
             group = [r for r in self.reductions if level[id(r)] == k]
             online = {id(r): online_partner(r) for r in group if online_partner(r) is not None}
@@ -483,7 +495,7 @@ class _Planner:
             printer = Printer(inner)
             after: list[Line] = []
             # the split kernel's exchange: each value a chunk publishes, and how peers' combine
-            chunk_finals: list[Line] = []    # plain reductions' finals: a chunk's partial, as published
+            chunk_finals: list[Line] = []
             published: list[tuple[str, str, str]] = []
             combine: list[Line] = []
             for r in group:
@@ -499,7 +511,8 @@ class _Planner:
                 peers = self.fresh(f"{name}_peers")
                 identity = {Op.MAX: NEG_INF, Op.MIN: POS_INF}.get(r.op, "0.0")
                 published.append((name, peers, identity))
-                combine.append(Line(f"{self.comment(r)}: the chunks' combined", (f"{name} = {_reduce_peers(r, peers)}",)))
+                combine.append(Line(f"{self.comment(r)}: the chunks' combined",
+                                    (f"{name} = {_reduce_peers(r, peers)}",)))
             for m in maxes:
                 sums = [r for r in group if online.get(id(r)) is m]
                 init, update, final = self.online(m, sums, names, printer.expr(m.inputs[0])[0])
@@ -514,7 +527,7 @@ class _Planner:
                 combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
                                     self.online_peers(values) + final))
             sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), tuple(after)))
-            self.exchanged.append((chunk_finals, published, combine))
+            exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
         roots = [self.computed[o.name] for o in row_out]
@@ -528,9 +541,9 @@ class _Planner:
         looping = [i for i, s in enumerate(sweeps) if s.loop]
         for turn, i in enumerate(looping):
             sweeps[i] = replace(sweeps[i], backward=turn % 2 == 1)
-        return sweeps
+        return sweeps, exchanges
 
-    def split(self, sweeps: list[Sweep]) -> Split | None:
+    def split(self, sweeps: list[Sweep], exchanges: list[Exchange]) -> Split | None:
         """The split-row kernel, for a spec whose reductions take one sweep (softmax,
         log-softmax, rmsnorm; not layernorm's mean then variance: an exchange per level cost
         more than it saved) over rows of 4-byte elements (f32: 2250-2520 GB/s where the looped
@@ -538,9 +551,14 @@ class _Planner:
         chunk sizes).  Every reduction is over floats (the partials travel as f32)."""
         if len(sweeps) != 2 or _row_bytes(self.kir) != 4 or not all(r.dtype.is_float for r in self.reductions):
             return None
-        (partials, published, combine), = self.exchanged
-        reduce = replace(sweeps[0], after=tuple(partials), backward=False)
-        return Split(reduce, tuple(published), tuple(combine), replace(sweeps[1], backward=False))
+        (exchange,) = exchanges
+        output = replace(sweeps[1], backward=False)
+        # per-row outputs (``total = sum(X)``): the group's programs hold the same values, one stores them
+        stores = tuple(code for line in output.after for code in line.code)
+        row_stores = (Line("per-row outputs: one program of the group stores them",
+                           ("if part == 0:", *(f"    {code}" for code in stores))),) if stores else ()
+        return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False), exchange.published,
+                     exchange.combine, replace(output, after=row_stores))
 
     def per_row_lines(self, roots, names: dict[int, str], also=()) -> list[Line]:
         """Statements of one value per row that ``roots`` need (and ``also``): computed once
