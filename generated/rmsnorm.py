@@ -260,10 +260,10 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     if n_rows == 0:
         return Y
     BLOCK_N = _next_pow2(max(n_cols, 1))
-    if BLOCK_N <= 16384:
+    if BLOCK_N <= 32768:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
-        NUM_WARPS = next(w for up_to, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16)) if BLOCK_N <= up_to)
+        NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
         NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
         PER_SM = None
     else:

@@ -842,6 +842,20 @@ def test_prune_keeps_tiles_that_fit_the_problem():
     assert not any("SPLIT_K" in c for c in batched)       # 64 batches of 16 rows fill the GPU without it
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="Hopper")
+def test_prune_times_tma_only_for_big_problems():
+    """Below TMA_MIN_FLOP the TMA variants' host work per call costs more than their GPU
+    time saves: they are not timed."""
+    configs = default_configs()
+    square = lambda n: {"A": torch.empty(n, n, device="cuda", dtype=torch.float16),  # noqa: E731
+                        "B": torch.empty(n, n, device="cuda", dtype=torch.float16)}
+    assert 2 * 2048**3 < gemm.TMA_MIN_FLOP <= 2 * 4096**3
+    assert any(c.get("TMA") for c in configs)
+    assert not any(c.get("TMA") for c in gemm.prune(configs, square(2048), "A", "B"))
+    assert any(c.get("TMA") for c in gemm.prune(configs, square(4096), "A", "B"))
+
+
 def test_kernel_call_passes_the_tuned_config(cache, monkeypatch):
     """kgen.Kernel asks its tuner and passes the answer as config=."""
     k = kgen.compile("kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n  C = relu(A @ B)\n}\n")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen import autotune
-from kgen.patterns import grouped_gemm
+from kgen.patterns import gemm, grouped_gemm
 from kgen.reference import evaluate
 
 from conftest import DEVICE, HAS_CUDA
@@ -659,7 +659,7 @@ def test_prune_times_tma_only_for_big_groups():
                for tma in (False, True)]
     group = lambda n, g: {"A": [torch.empty(n, n, device="cuda")] * g, "B": [torch.empty(n, n, device="cuda")] * g}
     small, big = group(1024, 4), group(2048, 4)
-    assert 2 * 4 * 1024**3 < grouped_gemm.TMA_MIN_FLOP <= 2 * 4 * 2048**3
+    assert 2 * 4 * 1024**3 < gemm.TMA_MIN_FLOP <= 2 * 4 * 2048**3
     assert not any(c["TMA"] for c in grouped_gemm.prune(configs, small, "A", "B"))
     assert sum(c["TMA"] for c in grouped_gemm.prune(configs, big, "A", "B")) == 3
     moe = {"A": torch.empty(4096, 1024, device="cuda"), "B": torch.empty(8, 1024, 1024, device="cuda")}

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
+from kgen.patterns.row_reduce import MAX_ROW_BYTES
 from kgen.reference import evaluate
 
 from conftest import DEVICE
@@ -261,6 +262,30 @@ def test_each_strategy_is_reachable(name, monkeypatch):
         defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
         for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
             assert_matches(got, expected, n)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+def test_widest_row_on_chip_follows_the_element(name, monkeypatch):
+    """Rows are kept on chip up to the same bytes whatever their element: a 16-bit row up
+    to 32768 columns (32 warps), an f32 row up to 16384 (16 warps); wider, the looped or
+    split kernel runs."""
+    widest16 = MAX_ROW_BYTES // 2
+    for dtype, n, warps in ((torch.float16, 20000, 32), (torch.float16, widest16 + 1, None),
+                            (torch.float32, 16384, 16), (torch.float32, 16385, None)):
+        kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
+        launches = Launches(kernel.module, monkeypatch)
+        g = torch.Generator().manual_seed(n)
+        args = {p: torch.randn(2, n, generator=g).to(DEVICE, dtype) if p == "X"
+                else torch.randn(n, generator=g).to(DEVICE, dtype) for p in kernel.inputs if p != "eps"}
+        outputs = as_tuple(kernel(**args))
+        on_chip = launches.kernels == [getattr(kernel.module, f"{name}_kernel")]
+        assert on_chip == (warps is not None), (dtype, n)
+        if on_chip:
+            options = launches.options[0]
+            assert (options["num_warps"], options["BLOCK_N"]) == (warps, 1 << (n - 1).bit_length())
+        defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+        for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
+            assert_matches(got, expected, n, f"{name} {dtype} N={n}")
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])

@@ -678,16 +678,22 @@ def _condition(max_m, max_mn) -> str:
 
 # SMs when the operands are not on a GPU (the tests' CPU tensors): an H100's.
 DEFAULT_SMS = 132
+# TMA configs are timed only for problems of at least this many flops (2 M N K), whose GPU
+# time (50 us and more) hides the host's extra work per call for the descriptors: f16
+# 2048^3 (2^34) on an H100, 128 x 128 tiles with TMA were the fastest on the GPU but ran
+# at 527 TFLOP/s call by call, where 128 x 256 tiles without reached 580.
+TMA_MIN_FLOP = 2**35
 
 
 def prune(configs, bound: dict, lhs: str, rhs: str):
     """The candidates worth timing for one problem:
 
     - tiles no larger than the problem (rounded up to a power of two, at least 16) on each axis;
-    - TMA configs only where the GPU has TMA and the operands are ones it can address, and
-      the output has more tiles than the GPU has SMs (with one wave or less the persistent
-      loop gains nothing, and building the descriptors costs the host about 20 us a call,
-      measured on an H200's host: enough to show in a small GEMM's time);
+    - TMA configs only where the GPU has TMA and the operands are ones it can address, the
+      problem has at least TMA_MIN_FLOP, and the output has more tiles than the GPU has SMs
+      (with one wave or less the persistent loop gains nothing; building the descriptors
+      costs the host about 20 us a call on an H200's host, enough to show in a GEMM of less
+      than 50 us);
     - split-K only where the output has fewer tiles than the GPU has SMs, and each slice
       of K keeps at least 4 steps of BLOCK_K;
     - of those, the ones whose programs keep a quarter of the SMs busy (or as many as any
@@ -698,8 +704,9 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
-    tma = all(_tma_addressable(t) for t in (a, b)) and \
-        (not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9)
+    hopper = not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9
+    big = not a.is_cuda or 2 * m * n * k * batch >= TMA_MIN_FLOP
+    tma = all(_tma_addressable(t) for t in (a, b)) and hopper and big
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else DEFAULT_SMS
     tiles = lambda c: -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * batch  # noqa: E731
     programs = lambda c: tiles(c) * c.get("SPLIT_K", 1)  # noqa: E731

@@ -46,7 +46,7 @@ torch one when none is set), the MoE kernel takes host descriptors over ``A [T, 
 (no contiguous axis, unaligned, a column-major MoE ``A`` whose row offsets would start
 loads off 16-byte boundaries, a GPU before Hopper) the host runs the pointer kernel
 with the same tiles.  The autotuner times TMA configs only for groups of at least
-``TMA_MIN_FLOP``: below that, their extra host work per call costs more than they save.
+``gemm.TMA_MIN_FLOP``: below that, their extra host work per call costs more than they save.
 
 **The MoE form**.  ``kernel.moe(A, B, offs=offs)``: the problems' rows of
 ``A`` are stacked in one ``[T, K]`` tensor, problem ``g`` owning rows ``offs[g - 1]``
@@ -132,11 +132,10 @@ CANDIDATES_32 = (
     (64, 64, 32, 8, 4, 4, 2),
     (32, 64, 64, 8, 4, 4, 4),
 )
-# TMA configs are timed only for groups of at least this many flops: below it their extra
+# TMA configs are timed only for groups of at least gemm.TMA_MIN_FLOP: below it their extra
 # host work per call (descriptors, scratch memory) costs more than they save on the GPU.
 # On an H200, the MoE shape (17 GFLOP): 44.4 us on the GPU with TMA, 45.5 without, but
 # 52 vs 38 us of host time per call, so back-to-back calls were slower with TMA.
-TMA_MIN_FLOP = 2**35
 # Without tuning: the first row whose limit on output elements per SM holds (None: the last).
 HEURISTIC_16 = (
     (64 * 64, (64, 64, 64, 8, 4, 4, 2)),
@@ -300,7 +299,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     list_params = [p.name for p in kir.params]
     return GroupedPlan(
         name=kir.name, summary=summary, a=low.a, b=low.b, dot=low.dot, loads=low.loads, body=low.body,
-        stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"), operands=(a_name, b_name),
+        stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"),
+        operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
         vector=vector, operand_bytes=max(params[t].dtype.bits for t in low.tensors) // 8, scalars=low.scalars,
@@ -544,9 +544,9 @@ def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
 def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
     """Tiles no larger than the problem (rounded up to a power of two, at least 16) on each
     axis; TMA configs only on a GPU with TMA (elsewhere they would time the fallback twice)
-    and for groups of at least TMA_MIN_FLOP."""
+    and for groups of at least gemm.TMA_MIN_FLOP."""
     cap = lambda size: max(16, _p2(size))  # noqa: E731
-    tma = not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= TMA_MIN_FLOP)
+    tma = not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= gemm.TMA_MIN_FLOP)
     kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
             and (tma or not c.get("TMA"))]
     return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]

@@ -13,7 +13,11 @@ have the rows' shape: ``[M, N]`` or ``[M, 1]`` (layernorm's ``mu`` and ``rstd``)
 Two or three kernels per spec; the host picks one per call from ``n_cols``:
 
 * **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
-  ``MAX_BLOCK_N``.  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
+  ``MAX_ROW_BYTES`` of the row's widest element (16384 for f32 rows, 32768 for f16 and
+  bf16 ones, with 32 warps: f16 at N = 32768 on an H100, softmax 2320 -> 2570 GB/s,
+  log-softmax 2100 -> 2640, layernorm 1730 -> 2740, rmsnorm 2470 -> 2790, where the
+  looped kernel ran them).  A tile is
+  ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
   several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so that
   a program always has a useful amount of work.  The host launches one program
   per tile: on an H200 that beat every persistent program count we measured (2, 4
@@ -43,7 +47,7 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   ``mean((X - mu) ** 2)`` in the next, which is exact where the one-pass
   ``E[x^2] - E[x]^2`` cancels.  ``EVEN_N`` (a whole number of chunks) drops the
   column mask here too.
-* **split rows** (``<name>_split_kernel``), for f32 rows wider than ``MAX_BLOCK_N``
+* **split rows** (``<name>_split_kernel``), for f32 rows wider than 16384
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm): a group of ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one
   chunk each.  A program computes its chunk's partials as the looped kernel's
@@ -95,15 +99,21 @@ from .host import Host, check_locals, host
 # Tuning, measured on an H200 (sweeps over tile rows, warps, stages and program counts:
 # softmax in f16 and f32 at N = 256 ... 262144, layernorm and rmsnorm in f16 at N = 1024,
 # 4096 and 8192; see README: Performance).
-MAX_BLOCK_N = 16384         # widest row (next power of two) kept on chip; wider rows loop
+MAX_ROW_BYTES = 65536       # widest row kept on chip, in its widest element; wider rows loop (or split)
+MAX_BLOCK_N = 32768         # ... and in columns, whatever the element
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
-WARPS = ((256, 8), (1024, 2), (8192, 4), (None, 16))  # (BLOCK_N up to, num_warps), on chip
+# (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
+WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
 STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
 CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
-LOOPED_STAGES = 4           # the column loops' num_stages
+LOOPED_STAGES = 4           # the column loops' num_stages, at most ...
+# ... as many as fit this much shared memory (under an A100's 164 KB; an H100 has 227): each
+# stage past the first buffers a chunk of every operand that varies along the row (layernorm
+# f32, X, W and B: 96 KB a stage; 4 stages asked for 288 KB and did not compile on an H100)
+LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
-# split rows (f32 rows past MAX_BLOCK_N, in chunks of CHUNK_N): warps per program, by the
+# split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
 # programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
 # where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
 SPLIT_WARPS = "8 if SPLIT <= 8 else 4"
@@ -673,7 +683,7 @@ def _row_bytes(kir: KernelIR) -> int:
     of f16 ones in a tile of TILE_BYTES)."""
     along = [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
     along += [o.node.dtype for o in kir.outputs if o.node.shape and o.node.shape[-1] != 1]
-    return max((d.bits for d in along), default=32) // 8
+    return (max((d.bits for d in along), default=32) + 7) // 8
 
 
 def _tiling(kir: KernelIR) -> Tiling:
@@ -700,18 +710,28 @@ def _tiling(kir: KernelIR) -> Tiling:
     rows = values.get("BLOCK_ROWS")
     fit = "_next_pow2(n_rows)"
     warps = values.get("num_warps")
+    widest = block or min(MAX_BLOCK_N, MAX_ROW_BYTES // _row_bytes(kir))
     if warps is None:
-        # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, e.g.
-        # next(w for up_to, w in ((256, 8), (1024, 2), (16384, 16)) if BLOCK_N <= up_to)
-        steps = tuple((limit or block or MAX_BLOCK_N, w) for limit, w in WARPS)  # on chip: BLOCK_N <= that
-        text = f"next(w for up_to, w in {steps} if BLOCK_N <= up_to)"
+        # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, the last up to the widest row:
+        # next(w for n, w in ((256, 8), (1024, 2), (16384, 16)) if BLOCK_N <= n)
+        steps = []
+        for limit, w in WARPS:
+            steps.append((widest if limit is None or limit >= widest else limit, w))
+            if steps[-1][0] == widest:
+                break
+        text = f"next(w for n, w in {tuple(steps)} if BLOCK_N <= n)"
     else:
         text = str(warps)
     stages = values.get("num_stages")
+    chunk = block or CHUNK_N
+    # bytes of one chunk of every operand along the row: the pipeline's buffer per stage
+    stage_bytes = sum(chunk * (rows or 1) * ((p.dtype.bits + 7) // 8)
+                      for p in kir.params if p.shape and p.shape[-1] != 1)
+    looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // max(stage_bytes, 1)))
     return Tiling(
-        max_block=block or MAX_BLOCK_N, chunk=block or CHUNK_N,
+        max_block=widest, chunk=chunk,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
-        stages=STAGES if stages is None else str(stages), looped_stages=stages or LOOPED_STAGES,
+        stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
         warps=text, looped_warps=warps or LOOPED_WARPS, looped_per_sm=LOOPED_PER_SM,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
