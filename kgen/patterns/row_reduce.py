@@ -107,10 +107,12 @@ WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
 STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
 CHUNK_N = 8192              # columns per chunk of the looped kernel
 LOOPED_WARPS = 16
-LOOPED_STAGES = 4           # the column loops' num_stages, at most ...
-# ... as many as fit this much shared memory (under an A100's 164 KB; an H100 has 227): each
-# stage past the first buffers a chunk of every operand that varies along the row (layernorm
-# f32, X, W and B: 96 KB a stage; 4 stages asked for 288 KB and did not compile on an H100)
+LOOPED_STAGES = 4           # the column loops' num_stages, within ...
+# ... this much shared memory (under an A100's 164 KB; an H100 has 227): each stage past the
+# first buffers a chunk of every operand that varies along the row.  Where LOOPED_STAGES do
+# not fit, the chunk halves (layernorm f32, X, W and B: 96 KB a stage at 8192 columns, where 4
+# stages did not compile on an H100; at N = 65536, 4096 columns and 4 stages 1856 GB/s, 8192
+# and 2 stages 1635)
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
 # split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
@@ -223,6 +225,7 @@ class Tiling:
 
     max_block: int          # widest BLOCK_N kept on chip
     chunk: int              # BLOCK_N of the looped kernel
+    split_chunk: int        # ... and of the split one (no pipeline: CHUNK_N whatever the operands)
     rows: str               # BLOCK_ROWS, rows on chip
     looped_rows: str        # BLOCK_ROWS, looped
     stages: str
@@ -723,13 +726,16 @@ def _tiling(kir: KernelIR) -> Tiling:
     else:
         text = str(warps)
     stages = values.get("num_stages")
+    # bytes of one column of every operand along the row: times the chunk, the pipeline's buffer per stage
+    column_bytes = max(1, sum((rows or 1) * ((p.dtype.bits + 7) // 8) for p in kir.params
+                              if p.shape and p.shape[-1] != 1))
     chunk = block or CHUNK_N
-    # bytes of one chunk of every operand along the row: the pipeline's buffer per stage
-    stage_bytes = sum(chunk * (rows or 1) * ((p.dtype.bits + 7) // 8)
-                      for p in kir.params if p.shape and p.shape[-1] != 1)
-    looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // max(stage_bytes, 1)))
+    while block is None and stages is None and chunk > 1024 \
+            and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
+        chunk //= 2
+    looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     return Tiling(
-        max_block=widest, chunk=chunk,
+        max_block=widest, chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
