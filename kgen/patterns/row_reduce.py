@@ -16,10 +16,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   ``MAX_ROW_BYTES`` of the row's widest element (16384 for f32 rows, 32768 for f16 and
   bf16 ones, with 32 warps: f16 at N = 32768 on an H100, softmax 2320 -> 2570 GB/s,
   log-softmax 2100 -> 2640, layernorm 1730 -> 2740, rmsnorm 2470 -> 2790, where the
-  looped kernel ran them).  A tile is
-  ``[BLOCK_ROWS, BLOCK_N]``: one row for wide rows,
-  several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so that
-  a program always has a useful amount of work.  The host launches one program
+  looped kernel ran them).  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide
+  rows, several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so
+  that a program always has a useful amount of work.  The host launches one program
   per tile: on an H200 that beat every persistent program count we measured (2, 4
   or 8 per SM, or as many as fit) by 3-10%, so the kernel's grid-stride loop runs
   once (it walks all the tiles with the few programs Triton's interpreter runs;
