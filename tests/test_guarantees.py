@@ -370,16 +370,23 @@ def test_two_processes_compile_one_spec_at_once(tmp_path):
     assert_clean(source)
 
 
-def test_a_corrupt_cached_module_is_rewritten(tmp_path, monkeypatch, device):
+def _cached(text: str, tmp_path, monkeypatch):
+    """(source, its file in a fresh module cache under tmp_path) for spec ``text``, loaded
+    once; the in-process module table is emptied, so the next load reads the file."""
     from kgen import runtime
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
-    text = "kernel corrupt_probe(x: f32[N]) -> y: f32[N] { y = x - 7 }"
     source = generate(text, "<string>").source
     monkeypatch.setattr(runtime, "_modules", {})
     runtime.load(source)
     (cached,) = tmp_path.glob("kgen_*.py")
-    cached.write_text("raise SystemExit('tampered')\n")
     monkeypatch.setattr(runtime, "_modules", {})
+    return source, cached
+
+
+def test_a_corrupt_cached_module_is_rewritten(tmp_path, monkeypatch, device):
+    from kgen import runtime
+    source, cached = _cached("kernel corrupt_probe(x: f32[N]) -> y: f32[N] { y = x - 7 }", tmp_path, monkeypatch)
+    cached.write_text("raise SystemExit('tampered')\n")
     module = runtime.load(source)
     assert cached.read_text() == source
     x = torch.arange(4.0, device=device)
@@ -393,12 +400,7 @@ def test_cached_bytecode_is_never_trusted(tmp_path, monkeypatch, device):
     import importlib.util
     import py_compile
     from kgen import runtime
-    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
-    text = "kernel pyc_probe(x: f32[N]) -> y: f32[N] { y = x * 3 }"
-    source = generate(text, "<string>").source
-    monkeypatch.setattr(runtime, "_modules", {})
-    runtime.load(source)
-    (cached,) = tmp_path.glob("kgen_*.py")
+    source, cached = _cached("kernel pyc_probe(x: f32[N]) -> y: f32[N] { y = x * 3 }", tmp_path, monkeypatch)
     assert cached.stat().st_mode & 0o777 == 0o666 & ~runtime._UMASK
     stat = cached.stat()
     tampered = "raise SystemExit('bytecode ran')\n#"
@@ -406,7 +408,6 @@ def test_cached_bytecode_is_never_trusted(tmp_path, monkeypatch, device):
     py_compile.compile(str(cached), cfile=importlib.util.cache_from_source(str(cached)))
     cached.write_text(source)
     os.utime(cached, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    monkeypatch.setattr(runtime, "_modules", {})
     module = runtime.load(source)
     x = torch.arange(4.0, device=device)
     torch.testing.assert_close(module.pyc_probe(x), x * 3)

@@ -685,6 +685,13 @@ DEFAULT_SMS = 132
 TMA_MIN_FLOP = 2**35
 
 
+def times_tma(tensor: torch.Tensor, flop: int) -> bool:
+    """Whether TMA candidates are timed for a problem of ``flop`` on ``tensor``'s device: on
+    a GPU with TMA from TMA_MIN_FLOP; off the GPU always (they run the fallback, which the
+    tests exercise)."""
+    return not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= TMA_MIN_FLOP)
+
+
 def prune(configs, bound: dict, lhs: str, rhs: str):
     """The candidates worth timing for one problem:
 
@@ -704,9 +711,7 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
-    hopper = not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] >= 9
-    big = not a.is_cuda or 2 * m * n * k * batch >= TMA_MIN_FLOP
-    tma = all(_tma_addressable(t) for t in (a, b)) and hopper and big
+    tma = all(_tma_addressable(t) for t in (a, b)) and times_tma(a, 2 * m * n * k * batch)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else DEFAULT_SMS
     tiles = lambda c: -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * batch  # noqa: E731
     programs = lambda c: tiles(c) * c.get("SPLIT_K", 1)  # noqa: E731

@@ -546,7 +546,7 @@ def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
     axis; TMA configs only on a GPU with TMA (elsewhere they would time the fallback twice)
     and for groups of at least gemm.TMA_MIN_FLOP."""
     cap = lambda size: max(16, _p2(size))  # noqa: E731
-    tma = not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= gemm.TMA_MIN_FLOP)
+    tma = gemm.times_tma(tensor, flop)
     kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
             and (tma or not c.get("TMA"))]
     return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]

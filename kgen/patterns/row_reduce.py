@@ -680,12 +680,20 @@ def _store_cast(computed, stored) -> str:
     return f".to({stored.triton})" if computed.compute is not stored else ""
 
 
+def _along_row(kir: KernelIR):
+    """The dtypes of the inputs that vary along the row (``X``, ``W: [N]``), one per input."""
+    return [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
+
+
+def _bytes(dtype) -> int:
+    return (dtype.bits + 7) // 8
+
+
 def _row_bytes(kir: KernelIR) -> int:
     """The widest element of a tensor that varies along the row (f32 rows: half the rows
     of f16 ones in a tile of TILE_BYTES)."""
-    along = [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
-    along += [o.node.dtype for o in kir.outputs if o.node.shape and o.node.shape[-1] != 1]
-    return (max((d.bits for d in along), default=32) + 7) // 8
+    along = _along_row(kir) + [o.node.dtype for o in kir.outputs if o.node.shape and o.node.shape[-1] != 1]
+    return max(map(_bytes, along), default=4)
 
 
 def _tiling(kir: KernelIR) -> Tiling:
@@ -726,8 +734,7 @@ def _tiling(kir: KernelIR) -> Tiling:
         text = str(warps)
     stages = values.get("num_stages")
     # bytes of one column of every operand along the row: times the chunk, the pipeline's buffer per stage
-    column_bytes = max(1, sum((rows or 1) * ((p.dtype.bits + 7) // 8) for p in kir.params
-                              if p.shape and p.shape[-1] != 1))
+    column_bytes = max(1, (rows or 1) * sum(map(_bytes, _along_row(kir))))
     chunk = block or CHUNK_N
     while block is None and stages is None and chunk > 1024 \
             and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
