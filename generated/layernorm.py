@@ -168,6 +168,19 @@ def launch_rows(kernel, n_tiles, per_sm, device, args, **options):
     kernel[(n_tiles,)](*args, **options)
 
 
+def _shift_rows(vec, n_cols, *tensors):
+    """SHIFT for the looped kernels: the tensors' rows start 16-byte aligned tensors at the
+    same offset modulo vec elements (one shift aligns them all; their columns contiguous),
+    and Triton cannot see that the rows are aligned (it knows the multiples of 16 only)."""
+    first = tensors[0]
+    if any(t.data_ptr() % 16 or t.stride(-1) != 1 or t.shape != first.shape for t in tensors):
+        return False
+    lead = [[s for s, d in zip(t.stride()[:-1], t.shape[:-1]) if d > 1] for t in tensors]
+    if any((a - b) % vec for strides in lead[1:] for a, b in zip(strides, lead[0])):
+        return False
+    return n_cols % 16 != 0 or any(s % 16 for s in lead[0])
+
+
 @triton.jit
 def layernorm_kernel(
     X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr,
@@ -214,40 +227,88 @@ def layernorm_looped_kernel(
     n_rows, n_cols,
     X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
-    INT64: tl.constexpr,
+    INT64: tl.constexpr, SHIFT: tl.constexpr, VEC: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
     # per level of reductions and once more for the outputs, each sweep in the direction
     # opposite to the one before.  EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
-    last0 = (n_cols - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts
+    # SHIFT: the rows are not 16-byte aligned; chunks start at the boundary below the row
+    # (lanes, shift before its columns), so that memory moves in whole 16-byte vectors.
+    n_lanes = n_cols
+    if SHIFT:
+        n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row
+    last0 = (n_lanes - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
         if INT64:
             row = row.to(tl.int64)
+        X_row = row * X_stride0
+        Y_row = row * Y_stride0
+        shift = 0
+        if SHIFT:
+            shift = X_row % VEC
+            X_row -= shift
+            Y_row -= shift
+            # the lanes of the row's vectors, and of its whole ones
+            lane_end = (shift + n_cols + VEC - 1) // VEC * VEC
+            lane_lo = (shift + VEC - 1) // VEC * VEC
+            lane_hi = (shift + n_cols) // VEC * VEC
         # mu = mean(X, axis=-1): partial sums per lane, a chunk at a time
         mu_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
-            col = col0 + tl.arange(0, BLOCK_N)[None, :]
+        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
+            lane0 = col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
             if INT64:
+                lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
-            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+            window = mask
+            inner = mask
+            if SHIFT:
+                # whole 16-byte vectors: loads read every one the row touches, stores write those it fills
+                col_mask = (col >= 0) & (col < n_cols)
+                mask = row_mask & col_mask
+                window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
+                inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
+                edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
+                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             # mu = mean(X, axis=-1)
             mu_acc = mu_acc + tl.where(mask, X, 0.0)
         # mu = mean(X, axis=-1): the lanes' partial sums combined
         mu = tl.sum(mu_acc, axis=1, keep_dims=True) / n_cols
         # var = mean(xc * xc, axis=-1): partial sums per lane, a chunk at a time
         var_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
+        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
             # backward: the chunks the sweep before read last come first, from L2
-            col = (last0 - col0) + tl.arange(0, BLOCK_N)[None, :]
+            lane0 = last0 - col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
             if INT64:
+                lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
-            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+            window = mask
+            inner = mask
+            if SHIFT:
+                # whole 16-byte vectors: loads read every one the row touches, stores write those it fills
+                col_mask = (col >= 0) & (col < n_cols)
+                mask = row_mask & col_mask
+                window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
+                inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
+                edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
+                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             # xc = X - mu
             xc = X - mu
             # var = mean(xc * xc, axis=-1)
@@ -256,20 +317,42 @@ def layernorm_looped_kernel(
         var = tl.sum(var_acc, axis=1, keep_dims=True) / n_cols
         # rstd = rsqrt(var + eps)
         rstd = tl.rsqrt(var + eps)
-        for col0 in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
-            col = col0 + tl.arange(0, BLOCK_N)[None, :]
+        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
+            lane0 = col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
             if INT64:
+                lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
             mask = row_mask & col_mask
-            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+            window = mask
+            inner = mask
+            if SHIFT:
+                # whole 16-byte vectors: loads read every one the row touches, stores write those it fills
+                col_mask = (col >= 0) & (col < n_cols)
+                mask = row_mask & col_mask
+                window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
+                inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
+                edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
+                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
             B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0).to(tl.float32)
             # xc = X - mu
             xc = X - mu
             # Y = xc * rstd * W + B
             Y = xc * rstd * W + B
-            tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+            Y_at = Y_ptr + Y_row + lane * Y_stride1
+            if SHIFT:
+                Y_at = tl.multiple_of(Y_at, [1, 16])
+            tl.store(Y_at, Y.to(tl.float16), mask=inner)
+            if SHIFT:
+                if at_ends:
+                    tl.store(Y_at, Y.to(tl.float16), mask=edges)
         # store mu: one value per row
         tl.store(mu_ptr + row * mu_stride0, mu, mask=row_mask)
         # store rstd: one value per row
@@ -294,21 +377,25 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     if n_rows == 0:
         return (Y, mu, rstd)
     BLOCK_N = _next_pow2(max(n_cols, 1))
+    # rows too wide to hold and not 16-byte aligned (or not provably: a width or stride that is
+    # not a multiple of 16): the looped kernels start their chunks on 16-byte boundaries
+    SHIFT = BLOCK_N > 32768 and _shift_rows(8, n_cols, X, Y)
     if BLOCK_N <= 32768:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = layernorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
         NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
-        PER_SM = None
+        PER_SM, options = None, {}
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_N, BLOCK_ROWS = layernorm_looped_kernel, 8192, 1
         NUM_WARPS, NUM_STAGES, PER_SM = 16, 4, 8
+        options = dict(SHIFT=SHIFT, VEC=8)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, B, eps, Y, mu, rstd,
         n_rows, n_cols,
         X.stride(0), X.stride(1), W.stride(0), B.stride(0), Y.stride(0), Y.stride(1), mu.stride(0), rstd.stride(0),
     ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
         EVEN_N=n_cols > 0 and n_cols % BLOCK_N == 0, INT64=_needs_int64(X, W, B, Y, mu, rstd),
-        num_warps=NUM_WARPS)
+        num_warps=NUM_WARPS, **options)
     return (Y, mu, rstd)

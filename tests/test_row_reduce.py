@@ -292,23 +292,30 @@ def test_widest_row_on_chip_follows_the_element(name, monkeypatch):
 def test_split_rows_strategy(name, monkeypatch):
     """f32 rows past the widest kept on chip are split across a group of programs, one
     chunk each, when the spec's reductions take one sweep and the group fits the GPU (at
-    most 4 programs per SM, 4 "SMs" on Triton's interpreter); otherwise, and for layernorm
-    (mean, then the variance around it) and f16 rows, the looped kernel runs."""
+    most 4 programs per SM, 4 "SMs" on Triton's interpreter) and the rows are not shifted
+    (here: a row of 29 that starts off a 16-byte boundary, which SHIFT cannot align);
+    otherwise, and for layernorm (mean, then the variance around it) and f16 rows, the
+    looped kernel runs (shifted: 29 contiguous columns)."""
     split = name != "layernorm"
     too_many = 4 * (4 * spec_kernel(name).module._num_sms(torch.device(DEVICE)) + 1)   # columns in chunks of 4
-    for dtype, n, want in ((torch.float32, 29, "split" if split else "looped"), (torch.float32, too_many, "looped"),
-                           (torch.float16, 29, "looped")):
+    for dtype, n, offset, want in ((torch.float32, 29, 1, "split" if split else "looped"),
+                                   (torch.float32, 29, 0, "looped"), (torch.float32, too_many, 1, "looped"),
+                                   (torch.float16, 29, 0, "looped")):
         kernel = spec_kernel(name, 4, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         assert hasattr(kernel.module, f"{name}_split_kernel") == (split and dtype == torch.float32)
         launches = Launches(kernel.module, monkeypatch)
         g = torch.Generator().manual_seed(n)
-        X = torch.randn(5, n, generator=g, dtype=torch.float64) * 20
+        X = torch.randn(5, n + offset, generator=g, dtype=torch.float64) * 20
         X[1] = float("-inf") if name.endswith("softmax") else X[1]
-        X[2, :13] = float("-inf") if name.endswith("softmax") else 0.0   # chunks of -inf only beside others
+        X[2, :13 + offset] = float("-inf") if name.endswith("softmax") else 0.0   # chunks of -inf beside others
         args = {p: (X if p == "X" else torch.randn(n, generator=g, dtype=torch.float64)).to(DEVICE, dtype)
                 for p in kernel.inputs if p != "eps"}
+        args["X"] = args["X"][:, offset:]
         outputs = as_tuple(kernel(**args))
-        assert launches.kernels == [getattr(kernel.module, f"{name}_{want}_kernel")], (dtype, n)
+        assert launches.kernels == [getattr(kernel.module, f"{name}_{want}_kernel")], (dtype, n, offset)
+        # (f16 chunks of 4 columns are narrower than a 16-byte vector: they do not shift)
+        shifted = want == "looped" and offset == 0 and dtype == torch.float32
+        assert launches.options[0].get("SHIFT", False) == shifted, (dtype, n, offset)
         assert launches.options[0]["BLOCK_N"] == 4
         if want == "split":
             assert launches.options[0]["SPLIT"] == -(-n // 4)
@@ -339,8 +346,9 @@ def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
     kernel = kgen.compile(text)
     launches = Launches(kernel.module, monkeypatch)
     g = torch.Generator().manual_seed(3)
-    values = {"X": torch.randn(6, 37, generator=g) * 5, "S": torch.randn(6, 1, generator=g)}
+    values = {"X": torch.randn(6, 38, generator=g) * 5, "S": torch.randn(6, 1, generator=g)}
     args = {k: v.to(DEVICE) for k, v in values.items() if k in kernel.inputs}
+    args["X"] = args["X"][:, 1:]   # rows off 16-byte boundaries, which SHIFT cannot align: split
     outputs = as_tuple(kernel(**args))
     assert launches.kernels == [getattr(kernel.module, f"{kernel.name}_split_kernel")]
     assert "if part == 0:" in kernel.source
@@ -348,11 +356,81 @@ def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
         assert_matches(got, want, 37, name)
 
 
+def test_shift_rows_decides_by_alignment():
+    """The host's SHIFT test: rows that Triton cannot prove 16-byte aligned shift, when every
+    [rows, N] operand starts aligned and their rows start at the same offset modulo a vector;
+    otherwise (and for rows Triton already sees aligned) the kernels address rows as given."""
+    shift = spec_kernel("softmax").module._shift_rows
+    full = torch.empty(4, 80, dtype=torch.float16)
+    x = torch.empty(4, 37, dtype=torch.float16)
+    assert shift(8, 37, x, torch.empty_like(x))                       # odd N, contiguous
+    assert shift(8, 40, full[:, :40], torch.empty(4, 40, dtype=torch.float16))  # strides 80 and 40: not 16s
+    assert shift(8, 37, x, full[:, :37]) is False                     # strides 37 and 80 differ mod 8
+    assert shift(8, 37, x, torch.empty(4, 45, dtype=torch.float16)[:, :37])  # 37 and 45 agree mod 8
+    assert shift(8, 36, full[:, 1:37], torch.empty(4, 36, dtype=torch.float16)) is False  # X off a boundary
+    assert shift(8, 32, full[:, :32], torch.empty(4, 32, dtype=torch.float16)) is False  # aligned, Triton sees it
+    assert shift(8, 37, x.t().contiguous().t(), torch.empty_like(x)) is False   # columns not contiguous
+
+
+SHIFT_CASES = [("softmax", "f16", 37), ("softmax", "f32", 50), ("log_softmax", "f16", 61),
+               ("layernorm", "f16", 45), ("layernorm", "f32", 29), ("rmsnorm", "f32", 23), ("rmsnorm", "f16", 40)]
+
+
+@pytest.mark.parametrize("name, dtype, n", SHIFT_CASES)
+@pytest.mark.parametrize("out", ["new", "strided"])
+def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
+    """Looped rows that do not start on 16-byte boundaries (an odd N, rows of 40 f16 in a
+    buffer of 40 columns, out= rows 8 elements wider) run shifted: chunks of lanes from the
+    boundary below each row, partial vectors at both ends stored lane by lane, a chunk (8)
+    narrower than the row's columns past it; the result is torch's."""
+    kernel = spec_kernel(name, 8, None, dtype)
+    tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(7, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
+    x[2, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
+    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, tdt), "B": torch.randn(n, generator=g).to(DEVICE, tdt)}
+    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    outs = None
+    if out == "strided":
+        shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
+        outs = tuple(torch.full((7, w), float("nan"), dtype=t, device=DEVICE)[:, : n if w > 1 else 1]
+                     for w, t in shapes)
+    got = as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
+    assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
+    assert launches.options[0]["SHIFT"] is True
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(g_, want, n, f"{name} {dtype} N={n} {o}")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [65536, 262144 + 4099])
+@pytest.mark.parametrize("name, dtype", [("softmax", "f16"), ("log_softmax", "f32"), ("layernorm", "f16"),
+                                         ("rmsnorm", "f32")])
+def test_shifted_wide_rows_on_gpu(name, dtype, monkeypatch):
+    """GPT-2's vocabulary, 50257 columns: wide rows that are not 16-byte aligned loop
+    shifted (16-byte vectors, which the kernel's hints promise the GPU) and match torch."""
+    n = 50257
+    kernel = spec_kernel(name, None, None, dtype)
+    tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(33, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
+    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, tdt), "B": torch.randn(n, generator=g).to(DEVICE, tdt)}
+    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    got = as_tuple(kernel(**args))
+    assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
+    assert launches.options[0]["SHIFT"] is True
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(g_, want, n, f"{name} {dtype} {o}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [65536, 262144 + 4096])
 def test_split_rows_on_gpu(n, monkeypatch):
-    """Wide f32 rows take the split kernel on a GPU, where its programs wait for each
-    other's partials; a row of -inf and a NaN give what torch gives."""
+    """Wide f32 rows (16-byte aligned) take the split kernel on a GPU, where its programs
+    wait for each other's partials; a row of -inf and a NaN give what torch gives."""
     kernel = spec_kernel("softmax", None, None, "f32")
     launches = Launches(kernel.module, monkeypatch)
     X = torch.randn(300, n, device=DEVICE) * 10

@@ -131,7 +131,10 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "last0", "rem", "mask", "row_
                      # the split kernel's
                      "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk",
                      "partials", "partials_ptr", "flags_ptr", "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN",
-                     "NUM_WARPS"})
+                     "NUM_WARPS",
+                     # the looped kernels' lanes (SHIFT)
+                     "lane", "lane0", "shift", "n_lanes", "lane_end", "lane_lo", "lane_hi", "window", "inner", "edges",
+                     "at_ends", "SHIFT", "VEC"})
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class Operand:
     col: int | None                     # its axis along the row, None when constant along the row
     cast: str                           # ".to(tl.float32)" on load, ".to(tl.float16)" on store, or ""
     other: str                          # a masked lane's value on load
+    start: str | None = None            # looped kernels: its row's start, per tile (operands of [rows, N]) ...
+    at: str | None = None               # ... and its chunk's addresses
 
     @property
     def strides(self) -> tuple[int, ...]:
@@ -173,6 +178,27 @@ class Operand:
         mask = "mask" if self.col is not None else "row_mask"
         return f"tl.store({self.name}_ptr + {self.offsets(store=True)}, {self.name}{self.cast}, mask={mask})"
 
+    def row_offsets(self) -> str:
+        return " + ".join(f"{coord} * {self.name}_stride{axis}" for coord, axis in self.rows)
+
+    def chunk_address(self) -> tuple[str, ...]:
+        """A looped kernel's chunk of this operand: from the row's start, lane by lane (lanes
+        are columns, shifted under SHIFT to start on a 16-byte boundary, which the hint says)."""
+        return (f"{self.at} = {self.name}_ptr + {self.start} + lane * {self.name}_stride{self.col}",
+                "if SHIFT:",
+                f"    {self.at} = tl.multiple_of({self.at}, [1, 16])")
+
+    def chunk_load(self) -> tuple[str, ...]:
+        if self.start is None:
+            return (self.load(),)
+        return (*self.chunk_address(),
+                f"{self.name} = tl.load({self.at}, mask=window, other={self.other}){self.cast}")
+
+    def chunk_store(self, mask: str) -> tuple[str, ...]:
+        if self.start is None:
+            return (self.store(),)
+        return (*self.chunk_address(), f"tl.store({self.at}, {self.name}{self.cast}, mask={mask})")
+
 
 @dataclass(frozen=True)
 class Sweep:
@@ -187,11 +213,11 @@ class Sweep:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """The chunk's columns: chunk col0 of the loop, counted from the end when backward."""
+        """The chunk's first lane: chunk col0 of the loop, counted from the end when backward."""
         if not self.backward:
-            return ("col = col0 + tl.arange(0, BLOCK_N)[None, :]",)
+            return ("lane0 = col0",)
         return ("# backward: the chunks the sweep before read last come first, from L2",
-                "col = (last0 - col0) + tl.arange(0, BLOCK_N)[None, :]")
+                "lane0 = last0 - col0")
 
     @property
     def loop(self) -> bool:
@@ -255,12 +281,23 @@ class RowReducePlan:
     stores: tuple[str, ...]
     looped_hoisted: tuple[str, ...]     # looped: before the row loop (last0, uniform loads)
     looped_tile_loads: tuple[str, ...]  # ... per tile (per-row operands)
+    row_starts: tuple[str, ...]         # ... per tile: where the row starts in each [rows, N] operand
+    shifted: tuple[str, ...]            # those operands (the host's SHIFT test reads them) ...
+    vec: int                            # ... and the elements of a 16-byte vector of the narrowest one
     uniform_loads: tuple[str, ...]      # split: before the row loop
     sweeps: tuple[Sweep, ...]
     split: Split | None                 # None: the spec's rows do not split (several levels, f16 rows)
     tiling: Tiling
     pattern: str = "row_reduce"
     template: str = "row_reduce.jinja"
+
+    @property
+    def shift_test(self) -> str:
+        """The host's SHIFT test, on the operands of [rows, N] (none: rows of one operand only;
+        nor where a chunk is narrower than a vector, as its chunks would not start on one)."""
+        if not self.shifted or self.tiling.chunk < self.vec:
+            return "False"
+        return f"_shift_rows({self.vec}, n_cols, {', '.join(self.shifted)})"
 
 
 def match(kir: KernelIR):
@@ -400,6 +437,7 @@ class _Planner:
         for r in self.reductions:
             names[id(r)] = self.stmt_of.get(id(r)) or self.fresh(self.reduction_name(r))
         operands = inputs + outputs
+        dtypes = {p.name: p.dtype for p in kir.params} | {o.name: o.node.dtype for o in kir.outputs}
         lead_sizes = [f"size{a}" for a in range(1, len(self.lead))]
         nodes_of = {o.name: kir.nodes[o.name] for o in inputs}
         row_loaded = [o for o in inputs if o.rows and o.col is None]
@@ -428,9 +466,16 @@ class _Planner:
             coordinates=elementwise.coordinates(len(self.lead), "row") if len(self.lead) > 1 else (),
             body=tuple(body),
             stores=tuple(o.store() for o in outputs),
-            looped_hoisted=(("last0 = (n_cols - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts",)
-                            if any(s.backward for s in sweeps) else ()) + tuple(o.load() for o in uniform),
+            looped_hoisted=("n_lanes = n_cols",
+                            "if SHIFT:",
+                            "    n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row",
+                            *(("last0 = (n_lanes - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts",)
+                              if any(s.backward for s in sweeps) else ()),
+                            *(o.load() for o in uniform)),
             looped_tile_loads=tuple(o.load() for o in row_loaded),
+            row_starts=_row_starts([o for o in operands if o.start]),
+            shifted=tuple(o.name for o in operands if o.start),
+            vec=16 // min([_bytes(dtypes[o.name]) for o in operands if o.start], default=16),
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
             split=split,
@@ -441,6 +486,8 @@ class _Planner:
         offset = len(self.lead) + 1 - len(shape)
         rows = tuple((self.coordinate(offset + axis), axis) for axis, d in enumerate(shape[:-1]) if d != 1)
         col = len(shape) - 1 if shape and shape[-1] == self.width else None
+        if rows and col is not None:
+            return Operand(name, rows, col, cast, other, self.fresh(f"{name}_row"), self.fresh(f"{name}_at"))
         return Operand(name, rows, col, cast, other)
 
     def reduction_name(self, r: Node) -> str:
@@ -548,8 +595,7 @@ class _Planner:
         loads, inner = self.loads(roots, names, chunked)
         body = statement_lines(self.kir, roots, inner) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
-        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), tuple(o.store() for o in row_out),
-                            tuple(after)))
+        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), _chunk_stores(row_out), tuple(after)))
         looping = [i for i, s in enumerate(sweeps) if s.loop]
         for turn, i in enumerate(looping):
             sweeps[i] = replace(sweeps[i], backward=turn % 2 == 1)
@@ -585,7 +631,7 @@ class _Planner:
         loads = []
         for n in live_nodes(roots, names):
             if id(n) in chunked and n.op is Op.INPUT:
-                loads.append(chunked[id(n)].load())
+                loads += chunked[id(n)].chunk_load()
         return loads, inner
 
     def accumulate(self, r: Node, name: str, x: str) -> tuple[str, str, str]:
@@ -638,6 +684,36 @@ class _Planner:
                  f"{shift} = tl.where({m} == {NEG_INF}, 0.0, {m})"]
         lines += [f"{s} = tl.sum({peers} * tl.exp({m_peers} - {shift}), axis=1, keep_dims=True)" for s, peers in sums]
         return tuple(lines)
+
+
+def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
+    """The looped kernels' per-tile row starts.  Under SHIFT (the host's ``_shift_rows``:
+    rows not 16-byte aligned, or not provably so, as with N = 50257) each start moves down
+    to the 16-byte boundary at or below it, ``shift`` elements, the same in every operand;
+    chunks then run over lanes from there, ``col = lane - shift``, so that Triton loads
+    whole vectors (the lanes the row touches: ``window``) and stores them (the ones it
+    fills: ``inner``), and the row's partial vectors at its two ends are stored lane by
+    lane in the chunks that hold them."""
+    if not operands:
+        return ("shift = 0",)
+    lines = [f"{o.start} = {o.row_offsets()}" for o in operands] + ["shift = 0", "if SHIFT:"]
+    lines.append(f"    shift = {operands[0].start} % VEC")
+    lines += [f"    {o.start} -= shift" for o in operands]
+    lines += ["    # the lanes of the row's vectors, and of its whole ones",
+              "    lane_end = (shift + n_cols + VEC - 1) // VEC * VEC",
+              "    lane_lo = (shift + VEC - 1) // VEC * VEC",
+              "    lane_hi = (shift + n_cols) // VEC * VEC"]
+    return tuple(lines)
+
+
+def _chunk_stores(outputs: list[Operand]) -> tuple[str, ...]:
+    """A chunk's stores of the row outputs: whole vectors, then (under SHIFT, in the chunks
+    at the row's ends) the partial ones lane by lane."""
+    stores = [line for o in outputs for line in o.chunk_store("inner")]
+    ends = [f"tl.store({o.at}, {o.name}{o.cast}, mask=edges)" for o in outputs if o.start]
+    if ends:
+        stores += ["if SHIFT:", "    if at_ends:", *(f"        {line}" for line in ends)]
+    return tuple(stores)
 
 
 def _take(pending: dict[int, str], roots, names: dict[int, str]) -> list[str]:
