@@ -237,7 +237,11 @@ def layernorm_looped_kernel(
     n_lanes = n_cols
     if SHIFT:
         n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row
-    last0 = (n_lanes - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts
+    n_chunks = (n_lanes + BLOCK_N - 1) // BLOCK_N
+    # chunks whole_lo to whole_hi - 1 lie inside the row (chunk 0 does, unless shifted)
+    whole_lo = 1 if SHIFT else 0
+    whole_hi = tl.maximum(n_cols // BLOCK_N, whole_lo)
+    n_ends = whole_lo + n_chunks - whole_hi  # the others hold the row's ends
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
@@ -256,8 +260,26 @@ def layernorm_looped_kernel(
             lane_hi = (shift + n_cols) // VEC * VEC
         # mu = mean(X, axis=-1): partial sums per lane, a chunk at a time
         mu_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
+        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns, every one in the row
+            if INT64:
+                lane = lane.to(tl.int64)
+                col = col.to(tl.int64)
+            col_mask = True
+            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            window = mask
+            inner = mask
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
+            # mu = mean(X, axis=-1)
+            mu_acc = mu_acc + tl.where(mask, X, 0.0)
+        for end in tl.range(0, n_ends, num_stages=1):
+            # the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on
+            lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
@@ -285,9 +307,9 @@ def layernorm_looped_kernel(
         mu = tl.sum(mu_acc, axis=1, keep_dims=True) / n_cols
         # var = mean(xc * xc, axis=-1): partial sums per lane, a chunk at a time
         var_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
+        for end in tl.range(0, n_ends, num_stages=1):
             # backward: the chunks the sweep before read last come first, from L2
-            lane0 = last0 - col0
+            lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
@@ -313,12 +335,57 @@ def layernorm_looped_kernel(
             xc = X - mu
             # var = mean(xc * xc, axis=-1)
             var_acc = var_acc + tl.where(mask, xc * xc, 0.0)
+        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
+            lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns, every one in the row
+            if INT64:
+                lane = lane.to(tl.int64)
+                col = col.to(tl.int64)
+            col_mask = True
+            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            window = mask
+            inner = mask
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
+            # xc = X - mu
+            xc = X - mu
+            # var = mean(xc * xc, axis=-1)
+            var_acc = var_acc + tl.where(mask, xc * xc, 0.0)
         # var = mean(xc * xc, axis=-1): the lanes' partial sums combined
         var = tl.sum(var_acc, axis=1, keep_dims=True) / n_cols
         # rstd = rsqrt(var + eps)
         rstd = tl.rsqrt(var + eps)
-        for col0 in tl.range(0, n_lanes, BLOCK_N, num_stages=NUM_STAGES):
+        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns, every one in the row
+            if INT64:
+                lane = lane.to(tl.int64)
+                col = col.to(tl.int64)
+            col_mask = True
+            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            window = mask
+            inner = mask
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
+            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+            B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0).to(tl.float32)
+            # xc = X - mu
+            xc = X - mu
+            # Y = xc * rstd * W + B
+            Y = xc * rstd * W + B
+            Y_at = Y_ptr + Y_row + lane * Y_stride1
+            if SHIFT:
+                Y_at = tl.multiple_of(Y_at, [1, 16])
+            tl.store(Y_at, Y.to(tl.float16), mask=inner)
+        for end in tl.range(0, n_ends, num_stages=1):
+            # the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on
+            lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
             col_mask = (col < n_cols) | EVEN_N
@@ -388,9 +455,11 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
         PER_SM, options = None, {}
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
-        kernel, BLOCK_N, BLOCK_ROWS = layernorm_looped_kernel, 8192, 1
-        NUM_WARPS, NUM_STAGES, PER_SM = 16, 4, 8
-        options = dict(SHIFT=SHIFT, VEC=8)
+        kernel, BLOCK_ROWS = layernorm_looped_kernel, 1
+        BLOCK_N, NUM_WARPS = (4096, 8) if n_cols < 65536 else (8192, 16)
+        NUM_STAGES, PER_SM = 4, 8
+        # at most 64 registers a thread: 32 warps fit an SM
+        options = dict(SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, B, eps, Y, mu, rstd,
         n_rows, n_cols,

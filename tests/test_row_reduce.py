@@ -404,6 +404,32 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
         assert_matches(g_, want, n, f"{name} {dtype} N={n} {o}")
 
 
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+@pytest.mark.parametrize("chunk, n", [(8, 9), (8, 16), (8, 23), (8, 33), (8, 48), (32, 48), (32, 80), (32, 100)])
+def test_looped_chunks_cover_the_row_once(name, chunk, n, monkeypatch):
+    """The looped kernel's two loops per sweep (chunks inside the row, unmasked; the one to
+    three at its ends, masked) visit every chunk once, in sweeps that alternate direction:
+    rows shifted or not, a whole number of chunks or not, none inside (N < 2 chunks); every
+    column of an out= filled with NaN is written, and each row's sums count it once (f16:
+    f32 rows this wide split instead)."""
+    kernel = spec_kernel(name, chunk, None, "f16")
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(5, n, generator=g, dtype=torch.float64) * 3 + 1).to(DEVICE, torch.float16)
+    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, torch.float16),
+            "B": torch.randn(n, generator=g).to(DEVICE, torch.float16)}
+    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    outs = tuple(torch.full((5, n if i == 0 else 1), float("nan"), device=DEVICE, dtype=torch.float16 if i == 0 else
+                            torch.float32) for i in range(len(kernel.outputs)))
+    got = as_tuple(kernel(**args, out=outs if len(outs) > 1 else outs[0]))
+    assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
+    assert launches.options[0]["SHIFT"] is (n % 16 != 0)
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
+        assert not g_.isnan().any(), f"{name} N={n}: {o} has columns no chunk wrote"
+        assert_matches(g_, want, n, f"{name} chunk {chunk} N={n} {o}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", [("softmax", "f16"), ("log_softmax", "f32"), ("layernorm", "f16"),
                                          ("rmsnorm", "f32")])

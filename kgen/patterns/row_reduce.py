@@ -44,11 +44,18 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   the max grows; softmax and log-softmax then read the row twice, not three
   times.  Mean and variance (layernorm) are two-pass: the mean in one sweep,
   ``mean((X - mu) ** 2)`` in the next, which is exact where the one-pass
-  ``E[x^2] - E[x]^2`` cancels.  ``EVEN_N`` (a whole number of chunks) drops the
-  column mask here too.  ``SHIFT`` (see ``_row_starts``): rows Triton cannot prove
-  16-byte aligned (odd N) start their chunks on the boundary below the row, so that
-  memory moves in whole vectors (f32 softmax at N = 50257 on an H100: 810 -> 1910
-  GB/s; f16 layernorm at 65537: 845 -> 1080; f16 softmax lost 5-7%).
+  ``E[x^2] - E[x]^2`` cancels.  ``SHIFT`` (see ``_row_starts``): rows Triton cannot
+  prove 16-byte aligned (odd N) start their chunks on the boundary below the row, so
+  that memory moves in whole vectors (f32 softmax at N = 50257 on an H100: 810 -> 1910
+  GB/s; f16 layernorm at 65537: 845 -> 1080).  Each sweep runs two loops: one over the
+  chunks that lie inside the row, with no column masks (pipelined), and one over the
+  one to three chunks that hold its ends (chunk 0 under SHIFT, and the last), masked
+  as above; ``EVEN_N`` (a whole number of chunks) leaves the second loop empty.
+  Masking every chunk cost the selects and, under SHIFT, the registers of its edge
+  code (98-128 a thread, one 16-warp program per SM): with masks at the ends only,
+  ``NARROW_CHUNK_N`` on rows under ``WIDE_ROW`` and ``LOOPED_MAXNREG``, f16 softmax at
+  N = 50257 went from 1360 to 2380 GB/s on an H200 (eager 2070), layernorm f16 from
+  1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 16384
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm) and the rows are not shifted (the looped kernel ran shifted rows
@@ -108,8 +115,19 @@ TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N *
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
 STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
-CHUNK_N = 8192              # columns per chunk of the looped kernel
+CHUNK_N = 8192              # columns per chunk of the looped kernel, with 16 warps ...
 LOOPED_WARPS = 16
+# ... on rows of WIDE_ROW columns or more; narrower ones take chunks of NARROW_CHUNK_N with
+# 32 bytes of the row a thread (8 warps for 16-bit rows, 16 for f32), more programs to an SM
+# and less of the last chunk idle (on an H200, softmax f16 at N = 50176: 2250 -> 2570 GB/s,
+# f32 at 32001: 2210 -> 2510, layernorm f16 at 65537: 1260 -> 1450 with the cap below;
+# f16 rows of 65536 and wider were level or faster with CHUNK_N)
+WIDE_ROW = 65536
+NARROW_CHUNK_N = 4096
+# looped registers per thread, at most: 32 warps resident per SM whatever ptxas would take
+# (shifted rows' edge code took 98-128; f16 softmax at N = 50257: 2220 -> 2390 GB/s, rmsnorm
+# 1660 -> 1960; aligned rows within 2%)
+LOOPED_MAXNREG = 64
 LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # ... this much shared memory (under an A100's 164 KB; an H100 has 227): each stage past the
 # first buffers a chunk of every operand that varies along the row.  Where LOOPED_STAGES do
@@ -130,7 +148,7 @@ NEG_INF, POS_INF, NAN = 'float("-inf")', 'float("inf")', 'float("nan")'
 I32_MIN, I32_MAX = "-2147483648", "2147483647"
 # Names the kernels and host function define themselves: a spec's may not take them, and
 # reductions' and accumulators' names avoid them.
-_LOCALS = frozenset({"row", "col", "row0", "col0", "last0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
+_LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
                      "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64", "EVEN_N", "PER_SM",
                      # the split kernel's
                      "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk",
@@ -138,7 +156,44 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "last0", "rem", "mask", "row_
                      "NUM_WARPS",
                      # the looped kernels' lanes (SHIFT)
                      "lane", "lane0", "shift", "n_lanes", "lane_end", "lane_lo", "lane_hi", "window", "inner", "edges",
-                     "at_ends", "SHIFT", "VEC"})
+                     "at_ends", "SHIFT", "VEC",
+                     # ... and their chunks
+                     "n_chunks", "whole_lo", "whole_hi", "n_ends", "end"})
+
+# A looped kernel's chunk: its lanes and masks.  Chunks whole_lo to whole_hi - 1 lie inside
+# every row, whatever its shift: no column masks, and none at all in a tile of one row (the
+# masks' selects and the registers they take, on every element) ...
+INNER_LANES = (
+    "lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
+    "col = lane - shift  # the row's columns, every one in the row",
+    "if INT64:",
+    "    lane = lane.to(tl.int64)",
+    "    col = col.to(tl.int64)",
+    "col_mask = True",
+    "mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row",
+    "window = mask",
+    "inner = mask",
+)
+# ... while the first chunk, and those from n_whole on, hold the row's ends
+END_LANES = (
+    "lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
+    "col = lane - shift  # the row's columns",
+    "col_mask = (col < n_cols) | EVEN_N",
+    "if INT64:",
+    "    lane = lane.to(tl.int64)",
+    "    col = col.to(tl.int64)",
+    "mask = row_mask & col_mask",
+    "window = mask",
+    "inner = mask",
+    "if SHIFT:",
+    "    # whole 16-byte vectors: loads read every one the row touches, stores write those it fills",
+    "    col_mask = (col >= 0) & (col < n_cols)",
+    "    mask = row_mask & col_mask",
+    "    window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])",
+    "    inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])",
+    "    edges = mask & ((lane < lane_lo) | (lane >= lane_hi))",
+    "    at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors",
+)
 
 
 @dataclass(frozen=True)
@@ -205,27 +260,53 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class ChunkLoop:
+    """A loop over some of a tile's column chunks: the chunk's first lane, its lanes and
+    masks, and its stores (the sweep's loads and body in between)."""
+
+    header: str
+    columns: tuple[str, ...]
+    lanes: tuple[str, ...]
+    stores: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Sweep:
     """One pass of the looped kernel over a tile's column chunks."""
 
     before: tuple[Line, ...]    # per-row statements and accumulators, once per tile
-    loads: tuple[str, ...]      # in the column loop
+    loads: tuple[str, ...]      # in the column loops
     body: tuple[Line, ...]
-    stores: tuple[str, ...]
+    stores: tuple[str, ...]     # whole vectors ...
+    edge_stores: tuple[str, ...]    # ... and, in the chunks at the row's ends, the partial ones
     after: tuple[Line, ...]     # reductions' final values, per-row stores
     backward: bool = False      # chunks from the last to the first
 
     @property
-    def columns(self) -> tuple[str, ...]:
-        """The chunk's first lane: chunk col0 of the loop, counted from the end when backward."""
+    def loops(self) -> tuple[ChunkLoop, ...]:
+        """The chunks inside the row (pipelined), then those at its ends (one to three, not
+        pipelined: on an H200 that was 2-30% faster than a pipeline of them, which costs even
+        when empty); a backward sweep runs both in reverse, ends first, so that it starts on
+        what the sweep before read last, which L2 still holds."""
+        if not (self.loads or self.body or self.stores):
+            return ()
+        inner = "for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):"
+        ends = "for end in tl.range(0, n_ends, num_stages=1):"
+        stores = self.stores + self.edge_stores
         if not self.backward:
-            return ("lane0 = col0",)
-        return ("# backward: the chunks the sweep before read last come first, from L2",
-                "lane0 = last0 - col0")
+            return (ChunkLoop(inner, ("lane0 = col0",), INNER_LANES, self.stores),
+                    ChunkLoop(ends, ("# the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on",
+                                     "lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N"),
+                          END_LANES, stores))
+        return (ChunkLoop(ends, ("# backward: the chunks the sweep before read last come first, from L2",
+                                 "lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) "
+                                 "* BLOCK_N"), END_LANES, stores),
+                ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), INNER_LANES, self.stores))
 
     @property
-    def loop(self) -> bool:
-        return bool(self.loads or self.body or self.stores)
+    def single(self) -> ChunkLoop:
+        """One chunk, which may hold the row's ends (the split kernel's)."""
+        return ChunkLoop("", (), END_LANES, self.stores + self.edge_stores)
 
 
 @dataclass(frozen=True)
@@ -260,8 +341,9 @@ class Tiling:
     stages: str
     looped_stages: int
     warps: str
-    looped_warps: int
+    looped_block: str       # host expression of (BLOCK_N, num_warps), looped
     looped_per_sm: int
+    maxnreg: int
     split_warps: str        # host expression of SPLIT
     split_warps_per_sm: int
 
@@ -283,7 +365,7 @@ class RowReducePlan:
     coordinates: tuple[str, ...]        # row -> idx0, idx1, ... (rank > 2)
     body: tuple[Line, ...]              # rows on chip: loads and statements
     stores: tuple[str, ...]
-    looped_hoisted: tuple[str, ...]     # looped: before the row loop (last0, uniform loads)
+    looped_hoisted: tuple[str, ...]     # looped: before the row loop (the chunks, uniform loads)
     looped_tile_loads: tuple[str, ...]  # ... per tile (per-row operands)
     row_starts: tuple[str, ...]         # ... per tile: where the row starts in each [rows, N] operand
     shifted: tuple[str, ...]            # those operands (the host's SHIFT test reads them) ...
@@ -473,8 +555,11 @@ class _Planner:
             looped_hoisted=("n_lanes = n_cols",
                             "if SHIFT:",
                             "    n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row",
-                            *(("last0 = (n_lanes - 1) // BLOCK_N * BLOCK_N  # where the last chunk starts",)
-                              if any(s.backward for s in sweeps) else ()),
+                            "n_chunks = (n_lanes + BLOCK_N - 1) // BLOCK_N",
+                            "# chunks whole_lo to whole_hi - 1 lie inside the row (chunk 0 does, unless shifted)",
+                            "whole_lo = 1 if SHIFT else 0",
+                            "whole_hi = tl.maximum(n_cols // BLOCK_N, whole_lo)",
+                            "n_ends = whole_lo + n_chunks - whole_hi  # the others hold the row's ends",
                             *(o.load() for o in uniform)),
             looped_tile_loads=tuple(o.load() for o in row_loaded),
             row_starts=_row_starts([o for o in operands if o.start]),
@@ -589,7 +674,7 @@ class _Planner:
                 published += [(name, peers, NEG_INF if i == 0 else "0.0") for i, (name, peers) in enumerate(values)]
                 combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
                                     self.online_peers(values) + final))
-            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), tuple(after)))
+            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
@@ -599,8 +684,8 @@ class _Planner:
         loads, inner = self.loads(roots, names, chunked)
         body = statement_lines(self.kir, roots, inner) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
-        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), _chunk_stores(row_out), tuple(after)))
-        looping = [i for i, s in enumerate(sweeps) if s.loop]
+        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), *_chunk_stores(row_out), tuple(after)))
+        looping = [i for i, s in enumerate(sweeps) if s.loops]
         for turn, i in enumerate(looping):
             sweeps[i] = replace(sweeps[i], backward=turn % 2 == 1)
         return sweeps, exchanges
@@ -710,14 +795,14 @@ def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _chunk_stores(outputs: list[Operand]) -> tuple[str, ...]:
-    """A chunk's stores of the row outputs: whole vectors, then (under SHIFT, in the chunks
+def _chunk_stores(outputs: list[Operand]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A chunk's stores of the row outputs: whole vectors, and (under SHIFT, in the chunks
     at the row's ends) the partial ones lane by lane."""
-    stores = [line for o in outputs for line in o.chunk_store("inner")]
+    stores = tuple(line for o in outputs for line in o.chunk_store("inner"))
     ends = [f"tl.store({o.at}, {o.name}{o.cast}, mask=edges)" for o in outputs if o.start]
-    if ends:
-        stores += ["if SHIFT:", "    if at_ends:", *(f"        {line}" for line in ends)]
-    return tuple(stores)
+    if not ends:
+        return stores, ()
+    return stores, ("if SHIFT:", "    if at_ends:", *(f"        {line}" for line in ends))
 
 
 def _take(pending: dict[int, str], roots, names: dict[int, str]) -> list[str]:
@@ -825,5 +910,17 @@ def _tiling(kir: KernelIR) -> Tiling:
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
-        warps=text, looped_warps=warps or LOOPED_WARPS, looped_per_sm=LOOPED_PER_SM,
+        warps=text, looped_block=_looped_block(block, warps, chunk, kir), looped_per_sm=LOOPED_PER_SM,
+        maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
+
+
+def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR) -> str:
+    """(BLOCK_N, num_warps) of the looped kernel: narrower chunks on rows under WIDE_ROW,
+    unless the schedule fixes the chunk or the warps."""
+    wide = f"{chunk}, {warps or LOOPED_WARPS}"
+    if block is not None or warps is not None:
+        return wide
+    narrow = min(NARROW_CHUNK_N, chunk)
+    narrow_warps = max(4, min(16, narrow * _row_bytes(kir) // (32 * 32)))
+    return f"({narrow}, {narrow_warps}) if n_cols < {WIDE_ROW} else ({wide})"
