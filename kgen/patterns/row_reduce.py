@@ -121,7 +121,8 @@ LOOPED_WARPS = 16
 # 32 bytes of the row a thread (8 warps for 16-bit rows, 16 for f32), more programs to an SM
 # and less of the last chunk idle (on an H200, softmax f16 at N = 50176: 2250 -> 2570 GB/s,
 # f32 at 32001: 2210 -> 2510, layernorm f16 at 65537: 1260 -> 1450 with the cap below;
-# f16 rows of 65536 and wider were level or faster with CHUNK_N)
+# f16 rows of 65536 and wider were level or faster with CHUNK_N; on an H100 shifted f16
+# rows gained 3-37% but f32 softmax rows lost 3-9% against the kernel that masked every chunk)
 WIDE_ROW = 65536
 NARROW_CHUNK_N = 4096
 # looped registers per thread, at most: 32 warps resident per SM whatever ptxas would take
