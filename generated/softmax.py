@@ -264,11 +264,11 @@ def softmax_looped_kernel(
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns, every one in the row
+            col = lane - shift  # the row's columns
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
-            col_mask = True
+            col_mask = True  # every column in the row
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
             inner = mask
@@ -288,10 +288,10 @@ def softmax_looped_kernel(
             lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
-            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
+            col_mask = (col < n_cols) | EVEN_N
             mask = row_mask & col_mask
             window = mask
             inner = mask
@@ -321,10 +321,10 @@ def softmax_looped_kernel(
             lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
-            col_mask = (col < n_cols) | EVEN_N
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
+            col_mask = (col < n_cols) | EVEN_N
             mask = row_mask & col_mask
             window = mask
             inner = mask
@@ -354,11 +354,11 @@ def softmax_looped_kernel(
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns, every one in the row
+            col = lane - shift  # the row's columns
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
-            col_mask = True
+            col_mask = True  # every column in the row
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
             inner = mask

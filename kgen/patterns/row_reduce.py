@@ -161,28 +161,26 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      # ... and their chunks
                      "n_chunks", "whole_lo", "whole_hi", "n_ends", "end"})
 
-# A looped kernel's chunk: its lanes and masks.  Chunks whole_lo to whole_hi - 1 lie inside
-# every row, whatever its shift: no column masks, and none at all in a tile of one row (the
-# masks' selects and the registers they take, on every element) ...
-INNER_LANES = (
+# A looped kernel's chunk: its lanes (columns from the row's start, shifted under SHIFT) ...
+_LANES = (
     "lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
-    "col = lane - shift  # the row's columns, every one in the row",
+    "col = lane - shift  # the row's columns",
     "if INT64:",
     "    lane = lane.to(tl.int64)",
     "    col = col.to(tl.int64)",
-    "col_mask = True",
+)
+# ... and masks.  Chunks whole_lo to whole_hi - 1 lie inside every row, whatever its shift:
+# no column masks, and none at all in a tile of one row (the masks' selects and the
+# registers they take, on every element) ...
+INNER_LANES = _LANES + (
+    "col_mask = True  # every column in the row",
     "mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row",
     "window = mask",
     "inner = mask",
 )
-# ... while the first chunk, and those from n_whole on, hold the row's ends
-END_LANES = (
-    "lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
-    "col = lane - shift  # the row's columns",
+# ... while the chunks before whole_lo and from whole_hi on hold the row's ends
+END_LANES = _LANES + (
     "col_mask = (col < n_cols) | EVEN_N",
-    "if INT64:",
-    "    lane = lane.to(tl.int64)",
-    "    col = col.to(tl.int64)",
     "mask = row_mask & col_mask",
     "window = mask",
     "inner = mask",
