@@ -258,55 +258,10 @@ def layernorm_looped_kernel(
             lane_end = (shift + n_cols + VEC - 1) // VEC * VEC
             lane_lo = (shift + VEC - 1) // VEC * VEC
             lane_hi = (shift + n_cols) // VEC * VEC
-        # mu = mean(X, axis=-1): partial sums per lane, a chunk at a time
-        mu_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
-            lane0 = col0
-            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
-            if INT64:
-                lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = True  # every column in the row
-            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
-            window = mask
-            inner = mask
-            X_at = X_ptr + X_row + lane * X_stride1
-            if SHIFT:
-                X_at = tl.multiple_of(X_at, [1, 16])
-            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # mu = mean(X, axis=-1)
-            mu_acc = mu_acc + tl.where(mask, X, 0.0)
-        for end in tl.range(0, n_ends, num_stages=1):
-            # the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on
-            lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
-            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
-            if INT64:
-                lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = (col < n_cols) | EVEN_N
-            mask = row_mask & col_mask
-            window = mask
-            inner = mask
-            if SHIFT:
-                # whole 16-byte vectors: loads read every one the row touches, stores write those it fills
-                col_mask = (col >= 0) & (col < n_cols)
-                mask = row_mask & col_mask
-                window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
-                inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
-                edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
-                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
-            X_at = X_ptr + X_row + lane * X_stride1
-            if SHIFT:
-                X_at = tl.multiple_of(X_at, [1, 16])
-            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # mu = mean(X, axis=-1)
-            mu_acc = mu_acc + tl.where(mask, X, 0.0)
-        # mu = mean(X, axis=-1): the lanes' partial sums combined
-        mu = tl.sum(mu_acc, axis=1, keep_dims=True) / n_cols
-        # var = mean(xc * xc, axis=-1): partial sums per lane, a chunk at a time
-        var_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
+        # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1) -- in one sweep
+        mu_sum = tl.zeros([BLOCK_ROWS, 1], tl.float32)
+        mu_count = tl.zeros([BLOCK_ROWS, 1], tl.float32)
+        var = tl.zeros([BLOCK_ROWS, 1], tl.float32)
         for end in tl.range(0, n_ends, num_stages=1):
             # backward: the chunks the sweep before read last come first, from L2
             lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
@@ -327,14 +282,21 @@ def layernorm_looped_kernel(
                 inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
                 edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
                 at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
+            chunk_cols = tl.maximum(tl.minimum(lane0 - shift + BLOCK_N, n_cols) - tl.maximum(lane0 - shift, 0), 0)
+            chunk_cols = chunk_cols.to(tl.float32)
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # xc = X - mu
-            xc = X - mu
-            # var = mean(xc * xc, axis=-1)
-            var_acc = var_acc + tl.where(mask, xc * xc, 0.0)
+            # the chunk's sum, and its squared deviations from its own mean, merged into the row's
+            mu_chunk = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
+            mu_chunk_mean = mu_chunk / tl.maximum(chunk_cols, 1.0)
+            mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
+            mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
+            mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
+            var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_step * mu_step * mu_weight
+            mu_sum = mu_sum + mu_chunk
+            mu_count = mu_count + chunk_cols
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
@@ -346,16 +308,23 @@ def layernorm_looped_kernel(
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
             inner = mask
+            chunk_cols = tl.full([BLOCK_ROWS, 1], BLOCK_N, tl.float32)
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # xc = X - mu
-            xc = X - mu
-            # var = mean(xc * xc, axis=-1)
-            var_acc = var_acc + tl.where(mask, xc * xc, 0.0)
-        # var = mean(xc * xc, axis=-1): the lanes' partial sums combined
-        var = tl.sum(var_acc, axis=1, keep_dims=True) / n_cols
+            # the chunk's sum, and its squared deviations from its own mean, merged into the row's
+            mu_chunk = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
+            mu_chunk_mean = mu_chunk / tl.maximum(chunk_cols, 1.0)
+            mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
+            mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
+            mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
+            var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_step * mu_step * mu_weight
+            mu_sum = mu_sum + mu_chunk
+            mu_count = mu_count + chunk_cols
+        # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1)
+        mu = mu_sum / n_cols
+        var = var / n_cols
         # rstd = rsqrt(var + eps)
         rstd = tl.rsqrt(var + eps)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):

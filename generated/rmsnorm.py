@@ -253,26 +253,9 @@ def rmsnorm_looped_kernel(
             lane_hi = (shift + n_cols) // VEC * VEC
         # mean(X * X, axis=-1): partial sums per lane, a chunk at a time
         row_mean_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
-        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
-            lane0 = col0
-            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
-            if INT64:
-                lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = True  # every column in the row
-            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
-            window = mask
-            inner = mask
-            X_at = X_ptr + X_row + lane * X_stride1
-            if SHIFT:
-                X_at = tl.multiple_of(X_at, [1, 16])
-            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # mean(X * X, axis=-1)
-            row_mean_acc = row_mean_acc + tl.where(mask, X * X, 0.0)
         for end in tl.range(0, n_ends, num_stages=1):
-            # the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on
-            lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
+            # backward: the chunks the sweep before read last come first, from L2
+            lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
             if INT64:
@@ -296,13 +279,52 @@ def rmsnorm_looped_kernel(
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             # mean(X * X, axis=-1)
             row_mean_acc = row_mean_acc + tl.where(mask, X * X, 0.0)
+        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
+            lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns
+            if INT64:
+                lane = lane.to(tl.int64)
+                col = col.to(tl.int64)
+            col_mask = True  # every column in the row
+            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            window = mask
+            inner = mask
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
+            # mean(X * X, axis=-1)
+            row_mean_acc = row_mean_acc + tl.where(mask, X * X, 0.0)
         # mean(X * X, axis=-1): the lanes' partial sums combined
         row_mean = tl.sum(row_mean_acc, axis=1, keep_dims=True) / n_cols
         # rms = rsqrt(mean(X * X, axis=-1) + eps)
         rms = tl.rsqrt(row_mean + eps)
+        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
+            lane0 = col0
+            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
+            col = lane - shift  # the row's columns
+            if INT64:
+                lane = lane.to(tl.int64)
+                col = col.to(tl.int64)
+            col_mask = True  # every column in the row
+            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            window = mask
+            inner = mask
+            X_at = X_ptr + X_row + lane * X_stride1
+            if SHIFT:
+                X_at = tl.multiple_of(X_at, [1, 16])
+            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
+            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+            # Y = X * rms * W
+            Y = X * rms * W
+            Y_at = Y_ptr + Y_row + lane * Y_stride1
+            if SHIFT:
+                Y_at = tl.multiple_of(Y_at, [1, 16])
+            tl.store(Y_at, Y.to(tl.float16), mask=inner)
         for end in tl.range(0, n_ends, num_stages=1):
-            # backward: the chunks the sweep before read last come first, from L2
-            lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
+            # the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on
+            lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns
             if INT64:
@@ -334,28 +356,6 @@ def rmsnorm_looped_kernel(
             if SHIFT:
                 if at_ends:
                     tl.store(Y_at, Y.to(tl.float16), mask=edges)
-        for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
-            lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
-            lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
-            if INT64:
-                lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = True  # every column in the row
-            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
-            window = mask
-            inner = mask
-            X_at = X_ptr + X_row + lane * X_stride1
-            if SHIFT:
-                X_at = tl.multiple_of(X_at, [1, 16])
-            X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
-            # Y = X * rms * W
-            Y = X * rms * W
-            Y_at = Y_ptr + Y_row + lane * Y_stride1
-            if SHIFT:
-                Y_at = tl.multiple_of(Y_at, [1, 16])
-            tl.store(Y_at, Y.to(tl.float16), mask=inner)
 
 
 def rmsnorm(X, W, eps=1e-06, *, out=None):

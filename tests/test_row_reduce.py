@@ -294,8 +294,8 @@ def test_split_rows_strategy(name, monkeypatch):
     chunk each, when the spec's reductions take one sweep and the group fits the GPU (at
     most 4 programs per SM, 4 "SMs" on Triton's interpreter) and the rows are not shifted
     (here: a row of 29 that starts off a 16-byte boundary, which SHIFT cannot align);
-    otherwise, and for layernorm (mean, then the variance around it) and f16 rows, the
-    looped kernel runs (shifted: 29 contiguous columns)."""
+    otherwise, and for layernorm (a variance with its mean, faster looped) and f16 rows,
+    the looped kernel runs (shifted: 29 contiguous columns)."""
     split = name != "layernorm"
     too_many = 4 * (4 * spec_kernel(name).module._num_sms(torch.device(DEVICE)) + 1)   # columns in chunks of 4
     for dtype, n, offset, want in ((torch.float32, 29, 1, "split" if split else "looped"),
@@ -430,6 +430,25 @@ def test_looped_chunks_cover_the_row_once(name, chunk, n, monkeypatch):
         assert_matches(g_, want, n, f"{name} chunk {chunk} N={n} {o}")
 
 
+@pytest.mark.parametrize("n, offset, want", [(100, 1, "looped_kernel"), (101, 0, "looped_kernel"),
+                                                (7, 0, "kernel")])
+def test_one_pass_variance_keeps_large_means(n, offset, want, monkeypatch):
+    """Layernorm's mean and variance in one sweep (looped rows, shifted or not, chunks of 8) merge
+    each chunk's squared deviations from its own mean: rows of mean 3e4 and spread 1, where
+    E[X^2] - E[X]^2 in f32 would lose every digit of the variance, give rstd as the
+    float64 reference does, as the two-pass rows on chip (N = 7) do."""
+    kernel = spec_kernel("layernorm", 8, None, "f32")
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(n)
+    X = (3e4 + torch.randn(6, n + offset, generator=g, dtype=torch.float64)).to(DEVICE, torch.float32)[:, offset:]
+    W, B = (torch.randn(n, generator=g).to(DEVICE) for _ in range(2))
+    Y, mu, rstd = kernel(X, W, B)
+    assert launches.kernels == [getattr(kernel.module, f"layernorm_{want}")]
+    _, want_mu, want_rstd = evaluate(kernel.ir, {"X": X, "W": W, "B": B, "eps": 1e-5})
+    torch.testing.assert_close(rstd.double(), want_rstd.to(rstd.device), rtol=1e-3, atol=0)
+    torch.testing.assert_close(mu.double(), want_mu.to(mu.device), rtol=1e-6, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", [("softmax", "f16"), ("log_softmax", "f32"), ("layernorm", "f16"),
                                          ("rmsnorm", "f32")])
@@ -481,15 +500,14 @@ def test_force_chunk_environment_knob(monkeypatch):
         kgen.compile(text + "\n")
 
 
-def test_online_softmax_is_one_sweep():
-    """The looped softmax finds exp(X - max(X)) / sum(...) and sweeps the row twice (max
-    and sum together, then the output), not three times; layernorm takes three."""
-    softmax = spec_kernel("softmax").source
-    body = softmax.split("def softmax_looped_kernel")[1].split("\ndef ")[0]
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm"])
+def test_online_softmax_and_variance_take_one_sweep(name):
+    """The looped kernel finds exp(X - max(X)) / sum(...) and mean((X - mean(X)) ** 2) and
+    sweeps the row twice (the max and the sum together, or the mean and the variance, then
+    the output), not three times."""
+    source = spec_kernel(name).source
+    body = source.split(f"def {name}_looped_kernel")[1].split("\ndef ")[0]
     assert body.count("for col0 in") == 2
-    layernorm = spec_kernel("layernorm").source
-    body = layernorm.split("def layernorm_looped_kernel")[1].split("\ndef ")[0]
-    assert body.count("for col0 in") == 3
 
 
 def test_rows_on_chip_load_each_operand_where_it_is_first_read():
@@ -549,6 +567,9 @@ GENERAL = [
     "lo = min(X)\nhi = max(X)\nY = (X - lo) / (hi - lo)",
     "m = max(X)\nY = mean(exp(X - m))",
     "Y = sum(where(X > 0.0, X, 0.0 - X)) + min(X * S)",
+    # variances found with their mean (one sweep when looped): named, inline, squared by **
+    "mu = mean(X * S)\nd = X * S - mu\nY = d / (sum(d * d) + 1.0)\nv = mean(d ** 2)",
+    "Y = mean((X - mean(X)) * (X - mean(X))) + max(X)",
 ]
 
 

@@ -156,7 +156,7 @@ SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
 # may not take them, and its dimensions (host locals) not the host's.
 KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
     "g", "G", "T", "tile_start", "tile_ends", "num_tiles", "row_start", "row_starts", "row_ends", "row_counts",
-    "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm"})
+    "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm", "FLATTEN"})
 HOST_LOCALS = gemm.HOST_LOCALS | frozenset({"G", "T", "table", "layout", "offs"})
 
 

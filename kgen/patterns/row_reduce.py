@@ -34,17 +34,22 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   reduction's level is one more than the deepest reduction it depends on) and
   once more for the row outputs; each sweep re-reads its inputs and recomputes
   the pointwise code it needs.  Sweeps alternate direction, so that each starts
-  on the chunks the one before read last, which L2 still holds (a backward
-  output sweep: f32 softmax at N = 65536 2675 -> 2787 GB/s on an H200, 0-3% on
-  the other wide rows).  Sums keep a ``[BLOCK_ROWS, BLOCK_N]`` accumulator
-  reduced once after the loop.  The
-  one-pass special case is **online softmax**: a ``sum`` (or ``mean``) of
+  on the chunks the one before read last, which L2 still holds (f32 softmax at N
+  = 65536 2675 -> 2787 GB/s on an H200, 0-3% on the other wide rows), ending
+  with a forward output sweep where it reads operands no sweep before it did
+  (layernorm's ``W`` and ``B``, rmsnorm's ``W``).  Sums keep a ``[BLOCK_ROWS, BLOCK_N]`` accumulator
+  reduced once after the loop.  Two one-pass special cases share a sweep between
+  a reduction and the one it depends on.  **Online softmax**: a ``sum`` (or ``mean``) of
   ``exp(a - m)`` with ``m = max(a)`` is found in the IR and computed in the same
   sweep as ``m``, keeping a running max and rescaling the running sum whenever
   the max grows; softmax and log-softmax then read the row twice, not three
-  times.  Mean and variance (layernorm) are two-pass: the mean in one sweep,
-  ``mean((X - mu) ** 2)`` in the next, which is exact where the one-pass
-  ``E[x^2] - E[x]^2`` cancels.  ``SHIFT`` (see ``_row_starts``): rows Triton cannot
+  times.  **Variance with its mean**: ``mean((a - m) ** 2)`` (or ``sum``, or ``d * d``)
+  with ``m = mean(a)`` runs in ``m``'s sweep: each chunk's sum, and its squared
+  deviations from its own mean (exact, from the chunk in registers), merged into
+  the row's with Chan's update, which stays exact where the one-pass ``E[x^2] -
+  E[x]^2`` cancels; layernorm reads the row twice, not three times (on an H200,
+  f16 rows of 50176 to 128256 columns 1-11% faster, f32 rows 2-14%).
+  ``SHIFT`` (see ``_row_starts``): rows Triton cannot
   prove 16-byte aligned (odd N) start their chunks on the boundary below the row, so
   that memory moves in whole vectors (f32 softmax at N = 50257 on an H100: 810 -> 1910
   GB/s; f16 layernorm at 65537: 845 -> 1080).  Each sweep runs two loops: one over the
@@ -58,7 +63,7 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 16384
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
-  layernorm) and the rows are not shifted (the looped kernel ran shifted rows
+  layernorm, whose one-pass variance ran faster looped) and the rows are not shifted (the looped kernel ran shifted rows
   1.5-2.3x as fast): a group of ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one
   chunk each.  A program computes its chunk's partials as the looped kernel's
   sweep would for one chunk (an online max and sum for softmax), stores them and
@@ -159,7 +164,7 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      "lane", "lane0", "shift", "n_lanes", "lane_end", "lane_lo", "lane_hi", "window", "inner", "edges",
                      "at_ends", "SHIFT", "VEC",
                      # ... and their chunks
-                     "n_chunks", "whole_lo", "whole_hi", "n_ends", "end"})
+                     "n_chunks", "whole_lo", "whole_hi", "n_ends", "end", "chunk_cols"})
 
 # A looped kernel's chunk: its lanes (columns from the row's start, shifted under SHIFT) ...
 _LANES = (
@@ -193,6 +198,13 @@ END_LANES = _LANES + (
     "    edges = mask & ((lane < lane_lo) | (lane >= lane_hi))",
     "    at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors",
 )
+# A sweep that merges its chunks' means and squared deviations (see _Planner.centered) counts
+# the columns of each chunk that lie in the row: all of them inside it, fewer at its ends,
+# from the chunk's first column lane0 - shift (a sum over the mask would cost a reduction,
+# and Triton gave it a layout that ran every lane in every thread)
+INNER_COUNT = ("chunk_cols = tl.full([BLOCK_ROWS, 1], BLOCK_N, tl.float32)",)
+END_COUNT = ("chunk_cols = tl.maximum(tl.minimum(lane0 - shift + BLOCK_N, n_cols) - tl.maximum(lane0 - shift, 0), 0)",
+             "chunk_cols = chunk_cols.to(tl.float32)")
 
 
 @dataclass(frozen=True)
@@ -280,32 +292,41 @@ class Sweep:
     edge_stores: tuple[str, ...]    # ... and, in the chunks at the row's ends, the partial ones
     after: tuple[Line, ...]     # reductions' final values, per-row stores
     backward: bool = False      # chunks from the last to the first
+    counted: bool = False       # the body reads chunk_cols, the chunk's columns in the row
 
     @property
     def loops(self) -> tuple[ChunkLoop, ...]:
         """The chunks inside the row (pipelined), then those at its ends (one to three, not
         pipelined: on an H200 that was 2-30% faster than a pipeline of them, which costs even
-        when empty); a backward sweep runs both in reverse, ends first, so that it starts on
-        what the sweep before read last, which L2 still holds."""
+        when empty); a backward sweep runs both in reverse, ends first, so that the forward
+        sweep after it starts on what it read last, which L2 still holds."""
         if not (self.loads or self.body or self.stores):
             return ()
         inner = "for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):"
         ends = "for end in tl.range(0, n_ends, num_stages=1):"
         stores = self.stores + self.edge_stores
+        inner_lanes, end_lanes = self.lanes
         if not self.backward:
-            return (ChunkLoop(inner, ("lane0 = col0",), INNER_LANES, self.stores),
+            return (ChunkLoop(inner, ("lane0 = col0",), inner_lanes, self.stores),
                     ChunkLoop(ends, ("# the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on",
                                      "lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N"),
-                          END_LANES, stores))
+                          end_lanes, stores))
         return (ChunkLoop(ends, ("# backward: the chunks the sweep before read last come first, from L2",
                                  "lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) "
-                                 "* BLOCK_N"), END_LANES, stores),
-                ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), INNER_LANES, self.stores))
+                                 "* BLOCK_N"), end_lanes, stores),
+                ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), inner_lanes, self.stores))
+
+    @property
+    def lanes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The lane lines of the chunks inside the row and of those at its ends."""
+        if self.counted:
+            return INNER_LANES + INNER_COUNT, END_LANES + END_COUNT
+        return INNER_LANES, END_LANES
 
     @property
     def single(self) -> ChunkLoop:
         """One chunk, which may hold the row's ends (the split kernel's)."""
-        return ChunkLoop("", (), END_LANES, self.stores + self.edge_stores)
+        return ChunkLoop("", (), self.lanes[1], self.stores + self.edge_stores)
 
 
 @dataclass(frozen=True)
@@ -482,6 +503,32 @@ def online_partner(r: Node) -> Node | None:
     return None
 
 
+def centered_partner(r: Node) -> Node | None:
+    """For ``mean(d * d)`` or ``sum(d ** 2)`` with ``d = a - m`` and ``m = mean(a)`` (a
+    variance): ``m``.  Such a sum can run in the same sweep as its mean: each chunk's mean
+    and squared deviations from it, merged into the row's as the chunks go (Chan et al.)."""
+    if r.op not in (Op.SUM, Op.MEAN) or not r.dtype.is_float:
+        return None
+    sq = r.inputs[0]
+    if sq.op is Op.MUL and _same(*sq.inputs):
+        d = sq.inputs[0]
+    elif sq.op is Op.POW and sq.inputs[1].op is Op.CONST and sq.inputs[1].arg == 2:
+        d = sq.inputs[0]
+    else:
+        return None
+    if d.op is not Op.SUB:
+        return None
+    a, m = d.inputs
+    if m.op is Op.MEAN and a.dtype.is_float and _same(m.inputs[0], a):
+        return m
+    return None
+
+
+def partner(r: Node) -> Node | None:
+    """The reduction whose sweep ``r`` shares: a softmax's max, a variance's mean."""
+    return online_partner(r) or centered_partner(r)
+
+
 class _Planner:
     def __init__(self, kir: KernelIR, nodes: list[Node], reductions: list[Node], lead: Shape, width: Dim):
         self.kir, self.nodes, self.reductions = kir, nodes, reductions
@@ -616,12 +663,12 @@ class _Planner:
     # --- looped -----------------------------------------------------------------------
     def levels(self) -> dict[int, int]:
         """Sweep of each reduction: 1 + the deepest reduction it needs; an online sum
-        shares its max's sweep."""
+        shares its max's sweep, a variance its mean's."""
         level: dict[int, int] = {}
         for n in self.nodes:
             base = max((level[id(i)] for i in n.inputs), default=0)
-            partner = online_partner(n)
-            level[id(n)] = level[id(partner)] if partner is not None else base + (n.op in REDUCTIONS)
+            shared = partner(n)
+            level[id(n)] = level[id(shared)] if shared is not None else base + (n.op in REDUCTIONS)
         return level
 
     def sweeps(self, names: dict[int, str], chunked: dict[int, Operand],
@@ -634,8 +681,11 @@ class _Planner:
             group = [r for r in self.reductions if level[id(r)] == k]
             online = {id(r): online_partner(r) for r in group if online_partner(r) is not None}
             maxes = [m for m in group if any(p is m for p in online.values())]
-            roots = [r.inputs[0] for r in group if id(r) not in online and r not in maxes]
-            roots += [m.inputs[0] for m in maxes]
+            centered = {id(r): centered_partner(r) for r in group if centered_partner(r) is not None}
+            means = [m for m in group if any(p is m for p in centered.values())]
+            shared = [*maxes, *means]
+            roots = [r.inputs[0] for r in group if id(r) not in online and id(r) not in centered and r not in shared]
+            roots += [m.inputs[0] for m in shared]
             before = self.per_row_lines(roots, names)
             loads, inner = self.loads(roots, names, chunked)
             body = statement_lines(self.kir, roots, inner)
@@ -646,7 +696,7 @@ class _Planner:
             published: list[tuple[str, str, str]] = []
             combine: list[Line] = []
             for r in group:
-                if id(r) in online or r in maxes:
+                if id(r) in online or id(r) in centered or r in shared:
                     continue
                 name = names[id(r)]
                 init, update, final = self.accumulate(r, name, printer.expr(r.inputs[0])[0])
@@ -673,7 +723,16 @@ class _Planner:
                 published += [(name, peers, NEG_INF if i == 0 else "0.0") for i, (name, peers) in enumerate(values)]
                 combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
                                     self.online_peers(values) + final))
-            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after)))
+            for m in means:
+                squares = [r for r in group if centered.get(id(r)) is m]
+                count = self.fresh(f"{names[id(m)]}_count")
+                init, update, final = self.centered(m, squares, count, names, printer.expr(m.inputs[0])[0])
+                what = f"{self.comment(m)}; {'; '.join(self.comment(s) for s in squares)}"
+                before.append(Line(f"{what} -- in one sweep", init))
+                body.append(Line("the chunk's sum, and its squared deviations from its own mean, merged into the "
+                                 "row's", update))
+                after.append(Line(what, final))
+            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after), counted=bool(means)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
@@ -684,18 +743,26 @@ class _Planner:
         body = statement_lines(self.kir, roots, inner) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
         sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), *_chunk_stores(row_out), tuple(after)))
+        # Directions alternate, back from the outputs' sweep: forward where it reads operands
+        # that no sweep before it did (layernorm's W and B, rmsnorm's W; backward, shifted f16
+        # rows ran 5-28% slower on an H200), else backward (softmax f16 at N = 65536: 2% faster).
         looping = [i for i, s in enumerate(sweeps) if s.loops]
-        for turn, i in enumerate(looping):
-            sweeps[i] = replace(sweeps[i], backward=turn % 2 == 1)
+        earlier = {line for s in sweeps[:-1] for line in s.loads}
+        last_backward = set(sweeps[-1].loads) <= earlier
+        for turn, i in enumerate(reversed(looping)):
+            sweeps[i] = replace(sweeps[i], backward=(turn % 2 == 0) == last_backward)
         return sweeps, exchanges
 
     def split(self, sweeps: list[Sweep], exchanges: list[Exchange]) -> Split | None:
         """The split-row kernel, for a spec whose reductions take one sweep (softmax,
-        log-softmax, rmsnorm; not layernorm's mean then variance: an exchange per level cost
-        more than it saved) over rows of 4-byte elements (f32: 2250-2520 GB/s where the looped
-        kernel reaches 1970-2160 on an H100; f16 rows gained 5% at best, and lost with some
-        chunk sizes).  Every reduction is over floats (the partials travel as f32)."""
-        if len(sweeps) != 2 or _row_bytes(self.kir) != 4 or not all(r.dtype.is_float for r in self.reductions):
+        log-softmax, rmsnorm; not a variance with its mean, as layernorm's: split, f32 rows of
+        32768 to 262144 ran 3-38% slower than looped on an H200, as did an exchange per level
+        when the variance took a sweep of its own) over rows of 4-byte elements (f32:
+        2250-2520 GB/s where the looped kernel reaches 1970-2160 on an H100; f16 rows gained
+        5% at best, and lost with some chunk sizes).  Every reduction is over floats (the
+        partials travel as f32)."""
+        if len(sweeps) != 2 or _row_bytes(self.kir) != 4 or not all(r.dtype.is_float for r in self.reductions) \
+                or any(centered_partner(r) is not None for r in self.reductions):
             return None
         (exchange,) = exchanges
         output = replace(sweeps[1], backward=False)
@@ -761,6 +828,32 @@ class _Planner:
         # a row of -inf only: each exp(a - m) is exp(-inf - -inf), NaN as torch computes it
         final = [f"{names[id(s)]} = tl.where({mn} == {NEG_INF}, {NAN}, {names[id(s)]})" for s in sums]
         final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
+        return tuple(init), tuple(update), tuple(final)
+
+    def centered(self, m: Node, squares: list[Node], count: str, names: dict[int, str], a: str):
+        """One-pass mean and variance: the running sum of ``a`` over the ``count`` columns seen
+        so far (``m`` is that sum over n_cols, as the mean in its own sweep would be: -inf
+        where the row holds -inf), and for each of ``squares`` (``sum`` or ``mean`` of
+        ``(a - m) ** 2``) the running sum of squared deviations from the running mean.  A
+        chunk's mean and deviations come from the chunk in registers (two-pass, exact);
+        merging them into the row's (Chan, Golub and LeVeque) adds the chunk's sum of squares
+        and ``step ** 2 * count * chunk_cols / (count + chunk_cols)`` for the step between
+        the two means, so large means do not cancel as in ``E[a^2] - E[a]^2``."""
+        mn = names[id(m)]
+        total, chunk, chunk_mean, dev, step, weight = (
+            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight"))
+        init = [f"{total} = tl.zeros([BLOCK_ROWS, 1], tl.float32)", f"{count} = tl.zeros([BLOCK_ROWS, 1], tl.float32)"]
+        init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in squares]
+        update = [f"{chunk} = tl.sum(tl.where(mask, {a}, 0.0), axis=1, keep_dims=True)",
+                  f"{chunk_mean} = {chunk} / tl.maximum(chunk_cols, 1.0)",
+                  f"{dev} = tl.where(mask, {a} - {chunk_mean}, 0.0)",
+                  f"{step} = {chunk_mean} - {total} / tl.maximum({count}, 1.0)",
+                  f"{weight} = {count} * chunk_cols / tl.maximum({count} + chunk_cols, 1.0)"]
+        update += [f"{names[id(s)]} = {names[id(s)]} + tl.sum({dev} * {dev}, axis=1, keep_dims=True) + "
+                   f"{step} * {step} * {weight}" for s in squares]
+        update += [f"{total} = {total} + {chunk}", f"{count} = {count} + chunk_cols"]
+        final = [f"{mn} = {total} / n_cols"]
+        final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in squares if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
 
     def online_peers(self, values: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -922,4 +1015,6 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
         return wide
     narrow = min(NARROW_CHUNK_N, chunk)
     narrow_warps = max(4, min(16, narrow * _row_bytes(kir) // (32 * 32)))
+    if (narrow, narrow_warps) == (chunk, warps or LOOPED_WARPS):
+        return wide
     return f"({narrow}, {narrow_warps}) if n_cols < {WIDE_ROW} else ({wide})"
