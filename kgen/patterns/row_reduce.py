@@ -37,9 +37,10 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   on the chunks the one before read last, which L2 still holds (f32 softmax at N
   = 65536 2675 -> 2787 GB/s on an H200, 0-3% on the other wide rows), ending
   with a forward output sweep where it reads operands no sweep before it did
-  (layernorm's ``W`` and ``B``, rmsnorm's ``W``).  Sums keep a ``[BLOCK_ROWS, BLOCK_N]`` accumulator
-  reduced once after the loop.  Two one-pass special cases share a sweep between
-  a reduction and the one it depends on.  **Online softmax**: a ``sum`` (or ``mean``) of
+  (layernorm's ``W`` and ``B``, rmsnorm's ``W``).  Sums keep a
+  ``[BLOCK_ROWS, BLOCK_N]`` accumulator reduced once after the loop.  Two
+  one-pass special cases share a sweep between a reduction and the one it
+  depends on.  **Online softmax**: a ``sum`` (or ``mean``) of
   ``exp(a - m)`` with ``m = max(a)`` is found in the IR and computed in the same
   sweep as ``m``, keeping a running max and rescaling the running sum whenever
   the max grows; softmax and log-softmax then read the row twice, not three
@@ -63,9 +64,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 16384
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
-  layernorm, whose one-pass variance ran faster looped) and the rows are not shifted (the looped kernel ran shifted rows
-  1.5-2.3x as fast): a group of ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one
-  chunk each.  A program computes its chunk's partials as the looped kernel's
+  layernorm, whose one-pass variance ran faster looped) and the rows are not
+  shifted (the looped kernel ran shifted rows 1.5-2.3x as fast): a group of
+  ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one chunk each.  A program computes its chunk's partials as the looped kernel's
   sweep would for one chunk (an online max and sum for softmax), stores them and
   raises a flag (release), polls its peers' flags, then combines every partial
   in the same order, so that all programs of the group see the same row values,
@@ -679,9 +680,9 @@ class _Planner:
         sweeps, exchanges = [], []
         for k in sorted({level[id(r)] for r in self.reductions}):
             group = [r for r in self.reductions if level[id(r)] == k]
-            online = {id(r): online_partner(r) for r in group if online_partner(r) is not None}
+            online = {id(r): m for r in group if (m := online_partner(r)) is not None}
             maxes = [m for m in group if any(p is m for p in online.values())]
-            centered = {id(r): centered_partner(r) for r in group if centered_partner(r) is not None}
+            centered = {id(r): m for r in group if (m := centered_partner(r)) is not None}
             means = [m for m in group if any(p is m for p in centered.values())]
             shared = [*maxes, *means]
             roots = [r.inputs[0] for r in group if id(r) not in online and id(r) not in centered and r not in shared]
@@ -762,7 +763,7 @@ class _Planner:
         5% at best, and lost with some chunk sizes).  Every reduction is over floats (the
         partials travel as f32)."""
         if len(sweeps) != 2 or _row_bytes(self.kir) != 4 or not all(r.dtype.is_float for r in self.reductions) \
-                or any(centered_partner(r) is not None for r in self.reductions):
+                or sweeps[0].counted:
             return None
         (exchange,) = exchanges
         output = replace(sweeps[1], backward=False)
