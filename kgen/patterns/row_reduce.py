@@ -66,8 +66,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
   shifted (the looped kernel ran shifted rows 1.5-2.3x as fast): a group of
-  ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one chunk each.  A program computes its chunk's partials as the looped kernel's
-  sweep would for one chunk (an online max and sum for softmax), stores them and
+  ``SPLIT = cdiv(N, CHUNK_N)`` programs shares a row, one chunk each.  A program
+  computes its chunk's partials as the looped kernel's sweep would for one chunk
+  (an online max and sum for softmax), stores them and
   raises a flag (release), polls its peers' flags, then combines every partial
   in the same order, so that all programs of the group see the same row values,
   and reads its chunk again, now from L2, for the outputs.  The reads from DRAM
