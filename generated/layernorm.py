@@ -262,6 +262,8 @@ def layernorm_looped_kernel(
         mu_sum = tl.zeros([BLOCK_ROWS, 1], tl.float32)
         mu_count = tl.zeros([BLOCK_ROWS, 1], tl.float32)
         var = tl.zeros([BLOCK_ROWS, 1], tl.float32)
+        mu_lanes = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
+        var_lanes = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
         for end in tl.range(0, n_ends, num_stages=1):
             # backward: the chunks the sweep before read last come first, from L2
             lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
@@ -308,20 +310,28 @@ def layernorm_looped_kernel(
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
             inner = mask
-            chunk_cols = tl.full([BLOCK_ROWS, 1], BLOCK_N, tl.float32)
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            # the chunk's sum, and its squared deviations from its own mean, merged into the row's
-            mu_chunk = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
-            mu_chunk_mean = mu_chunk / tl.maximum(chunk_cols, 1.0)
-            mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
-            mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
-            mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
-            var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_step * mu_step * mu_weight
-            mu_sum = mu_sum + mu_chunk
-            mu_count = mu_count + chunk_cols
+            # Welford lane by lane: each lane's sum, and its squared deviations from its running mean
+            mu_seen = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one
+            mu_x = tl.where(mask, X, 0.0)
+            mu_dev = mu_x - mu_lanes * (1.0 / tl.maximum(mu_seen, 1.0))
+            var_lanes = var_lanes + mu_dev * mu_dev * (mu_seen / (mu_seen + 1.0))
+            mu_lanes = mu_lanes + mu_x
+        # the lanes merged into the row's: their sums, and their squared deviations within and between lanes
+        mu_whole = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds
+        mu_cols = mu_whole * BLOCK_N
+        mu_chunk = tl.sum(mu_lanes, axis=1, keep_dims=True)
+        mu_chunk_mean = mu_chunk / tl.maximum(mu_cols, 1.0)
+        mu_dev = mu_lanes / tl.maximum(mu_whole, 1.0) - mu_chunk_mean
+        mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
+        mu_weight = mu_count * mu_cols / tl.maximum(mu_count + mu_cols, 1.0)
+        var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1,
+                           keep_dims=True) + mu_step * mu_step * mu_weight
+        mu_sum = mu_sum + mu_chunk
+        mu_count = mu_count + mu_cols
         # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1)
         mu = mu_sum / n_cols
         var = var / n_cols
@@ -425,7 +435,7 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = layernorm_looped_kernel, 1
-        BLOCK_N, NUM_WARPS = (4096, 8) if n_cols < 65536 else (8192, 16)
+        BLOCK_N, NUM_WARPS = 4096, 8
         NUM_STAGES, PER_SM = 4, 8
         # at most 64 registers a thread: 32 warps fit an SM
         options = dict(SHIFT=SHIFT, VEC=8, maxnreg=64)

@@ -45,11 +45,13 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   sweep as ``m``, keeping a running max and rescaling the running sum whenever
   the max grows; softmax and log-softmax then read the row twice, not three
   times.  **Variance with its mean**: ``mean((a - m) ** 2)`` (or ``sum``, or ``d * d``)
-  with ``m = mean(a)`` runs in ``m``'s sweep: each chunk's sum, and its squared
-  deviations from its own mean (exact, from the chunk in registers), merged into
-  the row's with Chan's update, which stays exact where the one-pass ``E[x^2] -
-  E[x]^2`` cancels; layernorm reads the row twice, not three times (on an H200,
-  f16 rows of 50176 to 128256 columns 1-11% faster, f32 rows 2-14%).
+  with ``m = mean(a)`` runs in ``m``'s sweep: the chunks inside the row keep
+  Welford lanes (each lane's sum and squared deviations from its running mean),
+  merged once they are read; the chunks at the row's ends merge one by one (their
+  sum, and their squared deviations from their own mean), each merge by Chan's
+  update, which stays exact where the one-pass ``E[x^2] - E[x]^2`` cancels;
+  layernorm reads the row twice, not three times (on an H200, f16 rows of 50176
+  to 128256 columns 0-28% faster than three sweeps, f32 rows 10-23%).
   ``SHIFT`` (see ``_row_starts``): rows Triton cannot
   prove 16-byte aligned (odd N) start their chunks on the boundary below the row, so
   that memory moves in whole vectors (f32 softmax at N = 50257 on an H100: 810 -> 1910
@@ -105,6 +107,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from ..check import _source
 from ..errors import KgenError, SpecError, UnsupportedError
@@ -136,6 +139,15 @@ NARROW_CHUNK_N = 4096
 # (shifted rows' edge code took 98-128; f16 softmax at N = 50257: 2220 -> 2390 GB/s, rmsnorm
 # 1660 -> 1960; aligned rows within 2%)
 LOOPED_MAXNREG = 64
+# a sweep that keeps Welford lanes (layernorm's mean and variance: two f32 accumulators a
+# column) takes chunks of LANES_CHUNK_N with LANES_WARPS, and LANES_NARROW_BYTES of the
+# widest element under WIDE_ROW (on an H200, layernorm f32 at 32001 to 50257 columns, 4096
+# columns and 8 or 16 warps: 1440-2650 GB/s, 2048 and 8: 1675-2713; f32 from 65536 columns
+# and f16 from 50176, 4096 and 8 were the fastest or within 3% but at f16 128256 (2310,
+# where 2048 columns reached 2535); f16 at 65536, 8192 columns and 16 warps: 2360 vs 2690)
+LANES_CHUNK_N = 4096
+LANES_WARPS = 8
+LANES_NARROW_BYTES = 8192
 LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # ... this much shared memory (under an A100's 164 KB; an H100 has 227): each stage past the
 # first buffers a chunk of every operand that varies along the row.  Where LOOPED_STAGES do
@@ -200,11 +212,10 @@ END_LANES = _LANES + (
     "    edges = mask & ((lane < lane_lo) | (lane >= lane_hi))",
     "    at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors",
 )
-# A sweep that merges its chunks' means and squared deviations (see _Planner.centered) counts
-# the columns of each chunk that lie in the row: all of them inside it, fewer at its ends,
-# from the chunk's first column lane0 - shift (a sum over the mask would cost a reduction,
-# and Triton gave it a layout that ran every lane in every thread)
-INNER_COUNT = ("chunk_cols = tl.full([BLOCK_ROWS, 1], BLOCK_N, tl.float32)",)
+# A sweep that merges the chunks at a row's ends by their means and squared deviations (see
+# _Planner.centered) counts the columns of each that lie in the row, from the chunk's first
+# column lane0 - shift (a sum over the mask would cost a reduction, and Triton gave it a
+# layout that ran every lane in every thread)
 END_COUNT = ("chunk_cols = tl.maximum(tl.minimum(lane0 - shift + BLOCK_N, n_cols) - tl.maximum(lane0 - shift, 0), 0)",
              "chunk_cols = chunk_cols.to(tl.float32)")
 
@@ -275,12 +286,15 @@ class Operand:
 @dataclass(frozen=True)
 class ChunkLoop:
     """A loop over some of a tile's column chunks: the chunk's first lane, its lanes and
-    masks, and its stores (the sweep's loads and body in between)."""
+    masks, its body and stores (the sweep's loads before the body), and what runs once
+    after the loop."""
 
     header: str
     columns: tuple[str, ...]
     lanes: tuple[str, ...]
+    body: tuple[Line, ...]
     stores: tuple[str, ...]
+    after: tuple[Line, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,6 +309,10 @@ class Sweep:
     after: tuple[Line, ...]     # reductions' final values, per-row stores
     backward: bool = False      # chunks from the last to the first
     counted: bool = False       # the body reads chunk_cols, the chunk's columns in the row
+    # the chunks inside the row, where they differ: their body (None: the body above), and
+    # what merges their lanes into the row's values once they are all read
+    whole_body: tuple[Line, ...] | None = None
+    whole_after: tuple[Line, ...] = ()
 
     @property
     def loops(self) -> tuple[ChunkLoop, ...]:
@@ -308,27 +326,27 @@ class Sweep:
         ends = "for end in tl.range(0, n_ends, num_stages=1):"
         stores = self.stores + self.edge_stores
         inner_lanes, end_lanes = self.lanes
+        whole = self.body if self.whole_body is None else self.whole_body
         if not self.backward:
-            return (ChunkLoop(inner, ("lane0 = col0",), inner_lanes, self.stores),
+            return (ChunkLoop(inner, ("lane0 = col0",), inner_lanes, whole, self.stores, self.whole_after),
                     ChunkLoop(ends, ("# the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on",
                                      "lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N"),
-                          end_lanes, stores))
+                          end_lanes, self.body, stores))
         return (ChunkLoop(ends, ("# backward: the chunks the sweep before read last come first, from L2",
                                  "lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) "
-                                 "* BLOCK_N"), end_lanes, stores),
-                ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), inner_lanes, self.stores))
+                                 "* BLOCK_N"), end_lanes, self.body, stores),
+                ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), inner_lanes, whole,
+                          self.stores, self.whole_after))
 
     @property
     def lanes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The lane lines of the chunks inside the row and of those at its ends."""
-        if self.counted:
-            return INNER_LANES + INNER_COUNT, END_LANES + END_COUNT
-        return INNER_LANES, END_LANES
+        return INNER_LANES, END_LANES + (END_COUNT if self.counted else ())
 
     @property
     def single(self) -> ChunkLoop:
         """One chunk, which may hold the row's ends (the split kernel's)."""
-        return ChunkLoop("", (), self.lanes[1], self.stores + self.edge_stores)
+        return ChunkLoop("", (), self.lanes[1], self.body, self.stores + self.edge_stores)
 
 
 @dataclass(frozen=True)
@@ -338,6 +356,16 @@ class Exchange:
     chunk_finals: tuple[Line, ...]      # plain reductions' finals: a chunk's partials, as published
     published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
     combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
+
+
+class Centered(NamedTuple):
+    """The code of a mean and its variances in one sweep (see _Planner.centered)."""
+
+    init: tuple[str, ...]           # per tile, before the sweep
+    update: tuple[str, ...]         # a chunk at the row's ends, merged into the row's values
+    lane_update: tuple[str, ...]    # a chunk inside the row, lane by lane
+    fold: tuple[str, ...]           # after the chunks inside the row: their lanes merged
+    final: tuple[str, ...]          # after the sweep
 
 
 @dataclass(frozen=True)
@@ -507,8 +535,8 @@ def online_partner(r: Node) -> Node | None:
 
 def centered_partner(r: Node) -> Node | None:
     """For ``mean(d * d)`` or ``sum(d ** 2)`` with ``d = a - m`` and ``m = mean(a)`` (a
-    variance): ``m``.  Such a sum can run in the same sweep as its mean: each chunk's mean
-    and squared deviations from it, merged into the row's as the chunks go (Chan et al.)."""
+    variance): ``m``.  Such a sum can run in the same sweep as its mean (see
+    _Planner.centered)."""
     if r.op not in (Op.SUM, Op.MEAN) or not r.dtype.is_float:
         return None
     sq = r.inputs[0]
@@ -616,7 +644,7 @@ class _Planner:
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
             split=split,
-            tiling=_tiling(kir),
+            tiling=_tiling(kir, lanes=any(s.counted for s in sweeps)),
         )
 
     def operand(self, name: str, shape: Shape, cast: str, other: str) -> Operand:
@@ -725,16 +753,22 @@ class _Planner:
                 published += [(name, peers, NEG_INF if i == 0 else "0.0") for i, (name, peers) in enumerate(values)]
                 combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
                                     self.online_peers(values) + final))
+            whole_body, whole_after = list(body), []
             for m in means:
                 squares = [r for r in group if centered.get(id(r)) is m]
                 count = self.fresh(f"{names[id(m)]}_count")
-                init, update, final = self.centered(m, squares, count, names, printer.expr(m.inputs[0])[0])
+                c = self.centered(m, squares, count, names, printer.expr(m.inputs[0])[0])
                 what = f"{self.comment(m)}; {'; '.join(self.comment(s) for s in squares)}"
-                before.append(Line(f"{what} -- in one sweep", init))
+                before.append(Line(f"{what} -- in one sweep", c.init))
                 body.append(Line("the chunk's sum, and its squared deviations from its own mean, merged into the "
-                                 "row's", update))
-                after.append(Line(what, final))
-            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after), counted=bool(means)))
+                                 "row's", c.update))
+                whole_body.append(Line("Welford lane by lane: each lane's sum, and its squared deviations from its "
+                                       "running mean", c.lane_update))
+                whole_after.append(Line("the lanes merged into the row's: their sums, and their squared deviations "
+                                        "within and between lanes", c.fold))
+                after.append(Line(what, c.final))
+            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after), counted=bool(means),
+                                whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
@@ -832,31 +866,57 @@ class _Planner:
         final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
 
-    def centered(self, m: Node, squares: list[Node], count: str, names: dict[int, str], a: str):
+    def centered(self, m: Node, squares: list[Node], count: str, names: dict[int, str], a: str) -> Centered:
         """One-pass mean and variance: the running sum of ``a`` over the ``count`` columns seen
         so far (``m`` is that sum over n_cols, as the mean in its own sweep would be: -inf
         where the row holds -inf), and for each of ``squares`` (``sum`` or ``mean`` of
-        ``(a - m) ** 2``) the running sum of squared deviations from the running mean.  A
-        chunk's mean and deviations come from the chunk in registers (two-pass, exact);
-        merging them into the row's (Chan, Golub and LeVeque) adds the chunk's sum of squares
-        and ``step ** 2 * count * chunk_cols / (count + chunk_cols)`` for the step between
-        the two means, so large means do not cancel as in ``E[a^2] - E[a]^2``."""
+        ``(a - m) ** 2``) the running sum of squared deviations from the running mean, so
+        that large means do not cancel as in ``E[a^2] - E[a]^2``.
+
+        The chunks inside the row keep both lane by lane: each lane has seen as many whole
+        chunks as the others, so Welford's update, ``(a - sum / seen) ** 2 * seen / (seen +
+        1)``, takes one scalar weight per chunk and no reduction.  Once they are read, the
+        lanes merge into the row's values; the chunks at the row's ends (partial, masked)
+        merge one by one.  Each merge (Chan, Golub and LeVeque) adds the part's squared
+        deviations from its own mean and ``step ** 2 * count * cols / (count + cols)`` for
+        the step between its mean and the running one.  (Per-chunk merges in every chunk,
+        two reductions each, ran 5-22% slower on an H200 at 32001 to 262144 columns.)"""
         mn = names[id(m)]
-        total, chunk, chunk_mean, dev, step, weight = (
-            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight"))
+        total, chunk, chunk_mean, dev, step, weight, lanes, seen, x, whole, cols = (
+            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight", "lanes",
+                                                     "seen", "x", "whole", "cols"))
+        square_lanes = [self.fresh(f"{names[id(s)]}_lanes") for s in squares]
         init = [f"{total} = tl.zeros([BLOCK_ROWS, 1], tl.float32)", f"{count} = tl.zeros([BLOCK_ROWS, 1], tl.float32)"]
         init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in squares]
+        init += [f"{acc} = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)" for acc in (lanes, *square_lanes)]
+
+        def merge(part_sum: str, part_cols: str, deviations: str, part_squares: list[str]) -> list[str]:
+            """A part of the row (its sum, its columns, its deviations from its mean ``dev``,
+            and its sum of squared deviations for each of ``squares``) merged into the row's."""
+            return [f"{chunk_mean} = {part_sum} / tl.maximum({part_cols}, 1.0)",
+                    f"{dev} = {deviations}",
+                    f"{step} = {chunk_mean} - {total} / tl.maximum({count}, 1.0)",
+                    f"{weight} = {count} * {part_cols} / tl.maximum({count} + {part_cols}, 1.0)",
+                    *(f"{names[id(s)]} = {names[id(s)]} + {part} + {step} * {step} * {weight}"
+                      for s, part in zip(squares, part_squares)),
+                    f"{total} = {total} + {part_sum}", f"{count} = {count} + {part_cols}"]
+
         update = [f"{chunk} = tl.sum(tl.where(mask, {a}, 0.0), axis=1, keep_dims=True)",
-                  f"{chunk_mean} = {chunk} / tl.maximum(chunk_cols, 1.0)",
-                  f"{dev} = tl.where(mask, {a} - {chunk_mean}, 0.0)",
-                  f"{step} = {chunk_mean} - {total} / tl.maximum({count}, 1.0)",
-                  f"{weight} = {count} * chunk_cols / tl.maximum({count} + chunk_cols, 1.0)"]
-        update += [f"{names[id(s)]} = {names[id(s)]} + tl.sum({dev} * {dev}, axis=1, keep_dims=True) + "
-                   f"{step} * {step} * {weight}" for s in squares]
-        update += [f"{total} = {total} + {chunk}", f"{count} = {count} + chunk_cols"]
+                  *merge(chunk, "chunk_cols", f"tl.where(mask, {a} - {chunk_mean}, 0.0)",
+                         [f"tl.sum({dev} * {dev}, axis=1, keep_dims=True)"] * len(squares))]
+        lane_update = [f"{seen} = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one",
+                       f"{x} = tl.where(mask, {a}, 0.0)",
+                       f"{dev} = {x} - {lanes} * (1.0 / tl.maximum({seen}, 1.0))"]
+        lane_update += [f"{sq} = {sq} + {dev} * {dev} * ({seen} / ({seen} + 1.0))" for sq in square_lanes]
+        lane_update.append(f"{lanes} = {lanes} + {x}")
+        fold = [f"{whole} = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds",
+                f"{cols} = {whole} * BLOCK_N",
+                f"{chunk} = tl.sum({lanes}, axis=1, keep_dims=True)",
+                *merge(chunk, cols, f"{lanes} / tl.maximum({whole}, 1.0) - {chunk_mean}",
+                       [f"tl.sum({sq} + {whole} * {dev} * {dev}, axis=1, keep_dims=True)" for sq in square_lanes])]
         final = [f"{mn} = {total} / n_cols"]
         final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in squares if s.op is Op.MEAN]
-        return tuple(init), tuple(update), tuple(final)
+        return Centered(tuple(init), tuple(update), tuple(lane_update), tuple(fold), tuple(final))
 
     def online_peers(self, values: list[tuple[str, str]]) -> tuple[str, ...]:
         """The split kernel's online combine: ``values`` are (name, peers' vector) of a max and
@@ -955,7 +1015,9 @@ def _row_bytes(kir: KernelIR) -> int:
     return max(map(_bytes, along), default=4)
 
 
-def _tiling(kir: KernelIR) -> Tiling:
+def _tiling(kir: KernelIR, lanes: bool = False) -> Tiling:
+    """The tiles and warps of each kernel; ``lanes``: a looped sweep keeps Welford lanes
+    (see _Planner.centered)."""
     values: dict[str, int] = {}
     for key, candidates in kir.schedule.items():
         if key not in SCHEDULE_KEYS:
@@ -1004,19 +1066,23 @@ def _tiling(kir: KernelIR) -> Tiling:
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
-        warps=text, looped_block=_looped_block(block, warps, chunk, kir), looped_per_sm=LOOPED_PER_SM,
+        warps=text, looped_block=_looped_block(block, warps, chunk, kir, lanes), looped_per_sm=LOOPED_PER_SM,
         maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
 
 
-def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR) -> str:
+def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR, lanes: bool) -> str:
     """(BLOCK_N, num_warps) of the looped kernel: narrower chunks on rows under WIDE_ROW,
     unless the schedule fixes the chunk or the warps."""
-    wide = f"{chunk}, {warps or LOOPED_WARPS}"
     if block is not None or warps is not None:
-        return wide
-    narrow = min(NARROW_CHUNK_N, chunk)
-    narrow_warps = max(4, min(16, narrow * _row_bytes(kir) // (32 * 32)))
-    if (narrow, narrow_warps) == (chunk, warps or LOOPED_WARPS):
-        return wide
-    return f"({narrow}, {narrow_warps}) if n_cols < {WIDE_ROW} else ({wide})"
+        return f"{chunk}, {warps or LOOPED_WARPS}"
+    if lanes:
+        wide = (min(chunk, LANES_CHUNK_N), LANES_WARPS)
+        narrow = (min(chunk, LANES_NARROW_BYTES // _row_bytes(kir)), LANES_WARPS)
+    else:
+        wide = (chunk, LOOPED_WARPS)
+        n = min(NARROW_CHUNK_N, chunk)
+        narrow = (n, max(4, min(16, n * _row_bytes(kir) // (32 * 32))))
+    if narrow == wide:
+        return f"{wide[0]}, {wide[1]}"
+    return f"{narrow} if n_cols < {WIDE_ROW} else {wide}"
