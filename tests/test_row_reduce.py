@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
-from kgen.patterns.row_reduce import MAX_ROW_BYTES
+from kgen.patterns.row_reduce import MAX_BLOCK_N
 from kgen.reference import evaluate
 
 from conftest import DEVICE
@@ -265,13 +265,12 @@ def test_each_strategy_is_reachable(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["softmax", "layernorm"])
-def test_widest_row_on_chip_follows_the_element(name, monkeypatch):
-    """Rows are kept on chip up to the same bytes whatever their element: a 16-bit row up
-    to 32768 columns (32 warps), an f32 row up to 16384 (16 warps); wider, the looped or
-    split kernel runs."""
-    widest16 = MAX_ROW_BYTES // 2
-    for dtype, n, warps in ((torch.float16, 20000, 32), (torch.float16, widest16 + 1, None),
-                            (torch.float32, 16384, 16), (torch.float32, 16385, None)):
+def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
+    """Rows are kept on chip up to the same columns whatever their element (registers hold
+    each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs."""
+    for dtype, n, warps in ((torch.float16, 20000, 32), (torch.float16, MAX_BLOCK_N + 1, None),
+                            (torch.float32, 16384, 16), (torch.float32, 20000, 32),
+                            (torch.float32, MAX_BLOCK_N + 1, None)):
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         launches = Launches(kernel.module, monkeypatch)
         g = torch.Generator().manual_seed(n)

@@ -13,10 +13,10 @@ have the rows' shape: ``[M, N]`` or ``[M, 1]`` (layernorm's ``mu`` and ``rstd``)
 Two or three kernels per spec; the host picks one per call from ``n_cols``:
 
 * **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
-  ``MAX_ROW_BYTES`` of the row's widest element (16384 for f32 rows, 32768 for f16 and
-  bf16 ones, with 32 warps: f16 at N = 32768 on an H100, softmax 2320 -> 2570 GB/s,
-  log-softmax 2100 -> 2640, layernorm 1730 -> 2740, rmsnorm 2470 -> 2790, where the
-  looped kernel ran them).  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide
+  ``MAX_BLOCK_N`` columns, whatever the element, with 32 warps from 16385 columns (f16 at
+  N = 32768 on an H100, softmax 2320 -> 2570 GB/s, log-softmax 2100 -> 2640, layernorm
+  1730 -> 2740, rmsnorm 2470 -> 2790, where the looped kernel ran them; f32 rows gained
+  as much: see MAX_BLOCK_N).  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide
   rows, several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so
   that a program always has a useful amount of work.  The host launches one program
   per tile: on an H200 that beat every persistent program count we measured (2, 4
@@ -64,7 +64,7 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   ``NARROW_CHUNK_N`` on rows under ``WIDE_ROW`` and ``LOOPED_MAXNREG``, f16 softmax at
   N = 50257 went from 1360 to 2380 GB/s on an H200 (eager 2070), layernorm f16 from
   1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.
-* **split rows** (``<name>_split_kernel``), for f32 rows wider than 16384
+* **split rows** (``<name>_split_kernel``), for f32 rows wider than 32768
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
   shifted (the looped kernel ran shifted rows 1.5-2.3x as fast): a group of
@@ -119,8 +119,12 @@ from .host import Host, check_locals, host
 # Tuning, measured on an H200 (sweeps over tile rows, warps, stages and program counts:
 # softmax in f16 and f32 at N = 256 ... 262144, layernorm and rmsnorm in f16 at N = 1024,
 # 4096 and 8192; see README: Performance).
-MAX_ROW_BYTES = 65536       # widest row kept on chip, in its widest element; wider rows loop (or split)
-MAX_BLOCK_N = 32768         # ... and in columns, whatever the element
+# widest row kept on chip, in columns whatever the element: registers hold each column as f32
+# (32 a thread with 32 warps), so f32 rows fit as 16-bit ones do (on an H200, f32 at N = 32768:
+# softmax 2515 -> 3630 GB/s, log-softmax 2620 -> 3620, layernorm 2600-2730 -> 3210-3280, rmsnorm
+# 2670 -> 3710, against the looped or split kernels; N = 20000: 1.05-1.68x; shifted rows of
+# 32001, which the looped kernel moves in whole vectors: 0.98x to 1.13x); wider rows loop (or split)
+MAX_BLOCK_N = 32768
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -1041,7 +1045,7 @@ def _tiling(kir: KernelIR, lanes: bool = False) -> Tiling:
     rows = values.get("BLOCK_ROWS")
     fit = "_next_pow2(n_rows)"
     warps = values.get("num_warps")
-    widest = block or min(MAX_BLOCK_N, MAX_ROW_BYTES // _row_bytes(kir))
+    widest = block or MAX_BLOCK_N
     if warps is None:
         # the first (BLOCK_N up to, num_warps) that BLOCK_N fits, the last up to the widest row:
         # next(w for n, w in ((256, 8), (1024, 2), (16384, 16)) if BLOCK_N <= n)
