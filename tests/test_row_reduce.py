@@ -509,6 +509,20 @@ def test_online_softmax_and_variance_take_one_sweep(name):
     assert body.count("for col0 in") == 2
 
 
+@pytest.mark.parametrize("make", [lambda: spec_kernel("layernorm"),
+                                  lambda: kgen.compile("var = sum((X - mean(X)) ** 2); Y = X * var")],
+                         ids=["layernorm", "sum_of_squares"])
+def test_variance_keeps_lanes_in_the_chunks_inside_the_row(make):
+    """In the mean's sweep the chunks inside the row (the pipelined loop) keep Welford lanes
+    and reduce nothing across the program; the lanes merge once, after that loop."""
+    kernel = make()
+    body = kernel.source.split("_looped_kernel(")[1].split("\ndef ")[0]
+    first_sweep = body.split("        for col0 in")[1]
+    inner, after = first_sweep.split("\n        # ", 1)
+    assert "tl.sum(" not in inner and "tl.reduce(" not in inner
+    assert "_lanes" in inner and "tl.sum(" in after.split("for col0 in")[0]
+
+
 def test_rows_on_chip_load_each_operand_where_it_is_first_read():
     """Layernorm's weight and bias are loaded under the output statement, after both
     reductions, not held in registers through them; X under the first reduction."""
