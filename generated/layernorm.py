@@ -425,8 +425,9 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     BLOCK_N = _next_pow2(max(n_cols, 1))
     # rows too wide to hold and not 16-byte aligned (or not provably: a width or stride that is
     # not a multiple of 16): the looped kernels start their chunks on 16-byte boundaries
-    SHIFT = BLOCK_N > 32768 and _shift_rows(8, n_cols, X, Y)
-    if BLOCK_N <= 32768:
+    # (16-bit rows from 16385 columns too: on chip they would load an element at a time)
+    SHIFT = BLOCK_N > 16384 and _shift_rows(8, n_cols, X, Y)
+    if BLOCK_N <= 32768 and not SHIFT:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = layernorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)

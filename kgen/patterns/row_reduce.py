@@ -125,6 +125,11 @@ from .host import Host, check_locals, host
 # 2670 -> 3710, against the looped or split kernels; N = 20000: 1.05-1.68x; shifted rows of
 # 32001, which the looped kernel moves in whole vectors: 0.98x to 1.13x); wider rows loop (or split)
 MAX_BLOCK_N = 32768
+# ... but 16-bit rows that Triton cannot prove 16-byte aligned load an element at a time on
+# chip: past SHIFTED_MAX_BLOCK_N columns, where the host can shift them, they loop, shifted,
+# in whole vectors (on an H200, f16 softmax at N = 20001, 30522 and 32001: 1420-1800 GB/s on
+# chip, 2225-2425 looped; layernorm 970-1210 and 1645-1710; at 8193 and 12289 within 10%)
+SHIFTED_MAX_BLOCK_N = 16384
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -387,7 +392,8 @@ class Split:
 class Tiling:
     """Host expressions that choose the kernel and its tile per call."""
 
-    max_block: int          # widest BLOCK_N kept on chip
+    max_block: int          # widest BLOCK_N kept on chip ...
+    shift_from: int         # ... and widest where the rows could be shifted (they loop, shifted, past it)
     chunk: int              # BLOCK_N of the looped kernel
     split_chunk: int        # ... and of the split one (no pipeline: CHUNK_N whatever the operands)
     rows: str               # BLOCK_ROWS, rows on chip
@@ -400,6 +406,21 @@ class Tiling:
     maxnreg: int
     split_warps: str        # host expression of SPLIT
     split_warps_per_sm: int
+
+    @property
+    def on_chip(self) -> str:
+        """The host's test for the on-chip kernel."""
+        if self.shift_from < self.max_block:
+            return f"BLOCK_N <= {self.max_block} and not SHIFT"
+        return f"BLOCK_N <= {self.max_block}"
+
+    @property
+    def shift_note(self) -> tuple[str, ...]:
+        """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
+        if self.shift_from < self.max_block:
+            return (f"(16-bit rows from {self.shift_from + 1} columns too: on chip they would load an element "
+                    "at a time)",)
+        return ()
 
 
 @dataclass(frozen=True)
@@ -1066,7 +1087,8 @@ def _tiling(kir: KernelIR, lanes: bool = False) -> Tiling:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     return Tiling(
-        max_block=widest, chunk=chunk, split_chunk=block or CHUNK_N,
+        max_block=widest, shift_from=min(widest, SHIFTED_MAX_BLOCK_N) if _row_bytes(kir) < 4 else widest,
+        chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
