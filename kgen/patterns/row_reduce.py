@@ -317,11 +317,16 @@ class Sweep:
     edge_stores: tuple[str, ...]    # ... and, in the chunks at the row's ends, the partial ones
     after: tuple[Line, ...]     # reductions' final values, per-row stores
     backward: bool = False      # chunks from the last to the first
-    counted: bool = False       # the body reads chunk_cols, the chunk's columns in the row
-    # the chunks inside the row, where they differ: their body (None: the body above), and
-    # what merges their lanes into the row's values once they are all read
+    # the chunks inside the row, where they differ (a variance with its mean: Welford lanes):
+    # their body (None: the body above), and what merges their lanes into the row's values
     whole_body: tuple[Line, ...] | None = None
     whole_after: tuple[Line, ...] = ()
+
+    @property
+    def counted(self) -> bool:
+        """The body (at the row's ends) reads chunk_cols, the chunk's columns in the row: it
+        merges a variance with its mean chunk by chunk, where the whole chunks keep lanes."""
+        return self.whole_body is not None
 
     @property
     def loops(self) -> tuple[ChunkLoop, ...]:
@@ -792,7 +797,7 @@ class _Planner:
                 whole_after.append(Line("the lanes merged into the row's: their sums, and their squared deviations "
                                         "within and between lanes", c.fold))
                 after.append(Line(what, c.final))
-            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after), counted=bool(means),
+            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after),
                                 whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
@@ -1040,7 +1045,7 @@ def _row_bytes(kir: KernelIR) -> int:
     return max(map(_bytes, along), default=4)
 
 
-def _tiling(kir: KernelIR, lanes: bool = False) -> Tiling:
+def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
     """The tiles and warps of each kernel; ``lanes``: a looped sweep keeps Welford lanes
     (see _Planner.centered)."""
     values: dict[str, int] = {}
