@@ -373,8 +373,8 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     BLOCK_N = _next_pow2(max(n_cols, 1))
     # rows too wide to hold and not 16-byte aligned (or not provably: a width or stride that is
     # not a multiple of 16): the looped kernels start their chunks on 16-byte boundaries
-    # (16-bit rows from 16385 columns too: on chip they would load an element at a time)
-    SHIFT = BLOCK_N > 16384 and _shift_rows(8, n_cols, X, Y)
+    # (16-bit rows from 8193 columns too: on chip they would load an element at a time)
+    SHIFT = BLOCK_N > 8192 and _shift_rows(8, n_cols, X, Y)
     if BLOCK_N <= 32768 and not SHIFT:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
@@ -384,7 +384,7 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
-        BLOCK_N, NUM_WARPS = (4096, 8) if n_cols < 65536 else (8192, 16)
+        BLOCK_N, NUM_WARPS = (2048, 4) if n_cols <= 16384 else (4096, 8) if n_cols < 65536 else (8192, 16)
         NUM_STAGES, PER_SM = 4, 8
         # at most 64 registers a thread: 32 warps fit an SM
         options = dict(SHIFT=SHIFT, VEC=8, maxnreg=64)

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
-from kgen.patterns.row_reduce import MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N
+from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
+                                      SHORT_ROW)
 from kgen.reference import evaluate
 
 from conftest import DEVICE
@@ -268,9 +269,11 @@ def test_each_strategy_is_reachable(name, monkeypatch):
 def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     """Rows are kept on chip up to the same columns whatever their element (registers hold
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
-    16-bit rows that are not 16-byte aligned (odd N here) loop, shifted, past 16384 columns."""
+    16-bit rows that are not 16-byte aligned (odd N here) loop, shifted, past 8192 columns, in
+    short chunks (4 warps) up to 16384."""
     for dtype, n, warps in ((torch.float16, 20000, 32), (torch.float16, MAX_BLOCK_N + 1, None),
-                            (torch.float16, SHIFTED_MAX_BLOCK_N - 1, 16), (torch.float16, 20001, None),
+                            (torch.float16, SHIFTED_MAX_BLOCK_N - 1, 4), (torch.float16, SHIFTED_MAX_BLOCK_N + 1, None),
+                            (torch.float16, 16383, None), (torch.float16, 16384, 16), (torch.float16, 20001, None),
                             (torch.float32, 16384, 16), (torch.float32, 20000, 32), (torch.float32, 20001, 32),
                             (torch.float32, MAX_BLOCK_N + 1, None)):
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
@@ -286,6 +289,9 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
             assert (options["num_warps"], options["BLOCK_N"]) == (warps, 1 << (n - 1).bit_length())
         else:   # every row here that does not stay on chip is odd: shifted
             assert options["SHIFT"], (dtype, n)
+            if dtype == torch.float16 and n <= SHORT_ROW:
+                short = LANES_SHORT_BYTES // 2 if name == "layernorm" else SHORT_CHUNK_N
+                assert (options["BLOCK_N"], options["num_warps"]) == (short, 4), n
         defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
         for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
             assert_matches(got, expected, n, f"{name} {dtype} N={n}")

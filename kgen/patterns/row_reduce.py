@@ -128,8 +128,10 @@ MAX_BLOCK_N = 32768
 # ... but 16-bit rows that Triton cannot prove 16-byte aligned load an element at a time on
 # chip: past SHIFTED_MAX_BLOCK_N columns, where the host can shift them, they loop, shifted,
 # in whole vectors (on an H200, f16 softmax at N = 20001, 30522 and 32001: 1420-1800 GB/s on
-# chip, 2225-2425 looped; layernorm 970-1210 and 1645-1710; at 8193 and 12289 within 10%)
-SHIFTED_MAX_BLOCK_N = 16384
+# chip, 2225-2425 looped; layernorm 970-1210 and 1645-1710; from 8193 to 16383 columns the four
+# specs gained 8-140%, e.g. log-softmax at 8193 1070 -> 2290; from 4097 to 7999 they ranged
+# from -13% (log-softmax at 7999) to +36% (rmsnorm at 4097), so those stay on chip)
+SHIFTED_MAX_BLOCK_N = 8192
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -144,6 +146,14 @@ LOOPED_WARPS = 16
 # rows gained 3-37% but f32 softmax rows lost 3-9% against the kernel that masked every chunk)
 WIDE_ROW = 65536
 NARROW_CHUNK_N = 4096
+# ... and the shifted 16-bit rows of SHORT_ROW columns or fewer (those past SHIFTED_MAX_BLOCK_N)
+# take chunks of SHORT_CHUNK_N, 32 bytes a thread, or LANES_SHORT_BYTES of the row with 4
+# warps where a sweep keeps Welford lanes (on an H200, f16 from 8193 to 16383 columns: softmax,
+# log-softmax and rmsnorm 1970-2610 GB/s with 2048 columns and 4 warps, 1440-2230 with 4096 and
+# 8; layernorm 1710-1870 with 1024 and 4 warps, 1520-1780 with 2048, 1080-1480 with 4096 and 8)
+SHORT_ROW = 16384
+SHORT_CHUNK_N = 2048
+LANES_SHORT_BYTES = 2048
 # looped registers per thread, at most: 32 warps resident per SM whatever ptxas would take
 # (shifted rows' edge code took 98-128; f16 softmax at N = 50257: 2220 -> 2390 GB/s, rmsnorm
 # 1660 -> 1960; aligned rows within 2%)
@@ -1107,13 +1117,17 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
     unless the schedule fixes the chunk or the warps."""
     if block is not None or warps is not None:
         return f"{chunk}, {warps or LOOPED_WARPS}"
+    def thirty_two_bytes(n: int) -> tuple[int, int]:
+        return n, max(4, min(16, n * _row_bytes(kir) // (32 * 32)))
     if lanes:
         wide = (min(chunk, LANES_CHUNK_N), LANES_WARPS)
         narrow = (min(chunk, LANES_NARROW_BYTES // _row_bytes(kir)), LANES_WARPS)
+        short = (min(chunk, LANES_SHORT_BYTES // _row_bytes(kir)), 4)
     else:
         wide = (chunk, LOOPED_WARPS)
-        n = min(NARROW_CHUNK_N, chunk)
-        narrow = (n, max(4, min(16, n * _row_bytes(kir) // (32 * 32))))
-    if narrow == wide:
-        return f"{wide[0]}, {wide[1]}"
-    return f"{narrow} if n_cols < {WIDE_ROW} else {wide}"
+        narrow = thirty_two_bytes(min(NARROW_CHUNK_N, chunk))
+        short = thirty_two_bytes(min(SHORT_CHUNK_N, chunk))
+    longer = f"{wide}" if narrow == wide else f"{narrow} if n_cols < {WIDE_ROW} else {wide}"
+    if _row_bytes(kir) < 4 and short != narrow:   # only shifted 16-bit rows loop at SHORT_ROW columns or fewer
+        return f"{short} if n_cols <= {SHORT_ROW} else {longer}"
+    return f"{wide[0]}, {wide[1]}" if narrow == wide else longer
