@@ -162,16 +162,35 @@ def _num_sms(device):
     return _properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def launch_rows(kernel, n_tiles, per_sm, device, args, **options):
+def launch_rows(kernel, n_tiles, per_sm, device, args, narrower=None, **options):
     """Launch a row kernel whose programs walk tiles of rows in a grid-stride loop: one
-    program per tile (per_sm None), or at most per_sm programs per SM."""
+    program per tile (per_sm None), or at most per_sm programs per SM.  narrower: (num_warps,
+    maxnreg) to launch with instead where the kernel compiled as asked leaves room in an SM's
+    registers for one program only, which then waits alone on each reduction."""
     if device.type != "cuda":
         # Triton's interpreter runs programs one after another: a few still walk the loop
         kernel[(min(n_tiles, 4),)](*args, **options)
         return
     if per_sm is not None:
         n_tiles = min(n_tiles, per_sm * _num_sms(device))
+    if narrower is not None and not _two_per_sm(kernel, device, args, options):
+        options = dict(options, num_warps=narrower[0], maxnreg=narrower[1])
     kernel[(n_tiles,)](*args, **options)
+
+
+_TWO_PER_SM = {}
+
+
+def _two_per_sm(kernel, device, args, options):
+    """Whether two programs of the kernel, compiled with these options (once per options), fit
+    an SM's registers."""
+    key = (kernel, device, *sorted(options.items()))
+    if key not in _TWO_PER_SM:
+        compiled = kernel.warmup(*args, grid=(1,), **options)
+        compiled._init_handles()
+        registers = getattr(_properties(device), "regs_per_multiprocessor", 65536)
+        _TWO_PER_SM[key] = 2 * compiled.n_regs * 32 * options["num_warps"] <= registers
+    return _TWO_PER_SM[key]
 
 
 def _shift_rows(vec, n_cols, *tensors):
@@ -395,7 +414,7 @@ def softmax(X, *, out=None):
         kernel, BLOCK_ROWS = softmax_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
         NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
-        PER_SM, options = None, {}
+        PER_SM, options = None, dict(narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = softmax_looped_kernel, 1

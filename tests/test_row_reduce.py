@@ -297,6 +297,89 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
             assert_matches(got, expected, n, f"{name} {dtype} N={n}")
 
 
+class _Compiled:
+    def __init__(self, n_regs):
+        self.n_regs = n_regs
+
+    def _init_handles(self):
+        pass
+
+
+class _RegisterKernel:
+    """A stand-in for a @triton.jit kernel that compiles to n_regs registers a thread and
+    records each compile (warmup) and launch."""
+
+    def __init__(self, n_regs):
+        self.n_regs, self.warmups, self.launches = n_regs, [], []
+
+    def warmup(self, *args, grid, **options):
+        self.warmups.append(options)
+        return _Compiled(self.n_regs)
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.launches.append(options)
+
+
+@pytest.mark.parametrize("n_regs, warps", [(64, 16), (84, 8)])
+def test_on_chip_kernel_narrows_where_one_program_fills_an_sm(n_regs, warps, monkeypatch):
+    """16 warps on chip: where the compiled kernel takes more than 64 registers a thread (one
+    program to an SM's 65536), launch_rows launches 8 warps capped at 128 registers instead;
+    a kernel is compiled to count its registers once per options."""
+    module = spec_kernel("layernorm").module
+    props = type("Props", (), {"regs_per_multiprocessor": 65536, "multi_processor_count": 132})()
+    monkeypatch.setattr(module, "_properties", lambda device: props)
+    monkeypatch.setattr(module, "_TWO_PER_SM", {})
+    kernel, device = _RegisterKernel(n_regs), torch.device("cuda")
+    for _ in range(2):
+        module.launch_rows(kernel, 10, None, device, (), narrower=(8, 128), num_warps=16, BLOCK_N=16384)
+    module.launch_rows(kernel, 10, None, device, (), narrower=None, num_warps=16, BLOCK_N=16384)
+    assert kernel.warmups == [{"num_warps": 16, "BLOCK_N": 16384}]
+    narrowed = {"num_warps": 8, "maxnreg": 128, "BLOCK_N": 16384}
+    assert kernel.launches[:2] == [narrowed if warps == 8 else {"num_warps": 16, "BLOCK_N": 16384}] * 2
+    assert kernel.launches[2] == {"num_warps": 16, "BLOCK_N": 16384}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "layernorm"])
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_on_chip_warps_follow_the_compiled_registers(name, dtype):
+    """On a GPU, rows of 12288 columns (BLOCK_N = 16384, 16 warps): the launch keeps 16 warps
+    where the kernel compiled so fits two programs an SM, else 8 warps capped at 128 registers;
+    either way the result matches the reference."""
+    kernel = spec_kernel(name, None, None, dtype)
+    module = kernel.module
+    real = getattr(module, f"{name}_kernel")
+    launched = []
+
+    class Spy:
+        def warmup(self, *args, **options):
+            return real.warmup(*args, **options)
+
+        def __getitem__(self, grid):
+            def launch(*args, **options):
+                launched.append((args, options))
+                return real[grid](*args, **options)
+            return launch
+    g = torch.Generator().manual_seed(1)
+    torch_dtype = {"f16": torch.float16, "f32": torch.float32}[dtype]
+    args = {p: torch.randn(64 if p == "X" else 1, 12288, generator=g).to(DEVICE, torch_dtype).squeeze(0)
+            for p in kernel.inputs if p != "eps"}
+    setattr(module, f"{name}_kernel", Spy())
+    try:
+        outputs = as_tuple(kernel(**args))
+    finally:
+        setattr(module, f"{name}_kernel", real)
+    (launch_args, options), = launched
+    asked = {k: v for k, v in options.items() if k not in ("num_warps", "maxnreg")}
+    compiled = real.warmup(*launch_args, grid=(1,), **asked, num_warps=16)
+    compiled._init_handles()
+    fits = 2 * compiled.n_regs * 32 * 16 <= torch.cuda.get_device_properties(DEVICE).regs_per_multiprocessor
+    assert (options["num_warps"], options.get("maxnreg")) == ((16, None) if fits else (8, 128)), compiled.n_regs
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for got, want in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(got, want, 12288)
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
 def test_split_rows_strategy(name, monkeypatch):
     """f32 rows past the widest kept on chip are split across a group of programs, one

@@ -136,6 +136,12 @@ TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N *
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
 STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the row loop's num_stages, on chip
+# 16 warps on chip leave 64 registers a thread to two programs an SM (a program alone waits on
+# each reduction with nothing to overlap); where the compiled kernel takes more, it runs with
+# NARROWER warps capped at so many registers, two programs an SM again (on an H200, f16 at 10240
+# to 16384 columns, layernorm takes 74-84 registers: 1790-2440 -> 2760-3710 GB/s, 1.52-1.58x;
+# f32 layernorm and rmsnorm 1.05-1.27x; softmax within 64 registers would lose up to 19% so)
+NARROWER = (16, 8, 128)     # (num_warps asked, num_warps instead, maxnreg)
 CHUNK_N = 8192              # columns per chunk of the looped kernel, with 16 warps ...
 LOOPED_WARPS = 16
 # ... on rows of WIDE_ROW columns or more; narrower ones take chunks of NARROW_CHUNK_N with
@@ -416,6 +422,7 @@ class Tiling:
     stages: str
     looped_stages: int
     warps: str
+    narrower: str           # host expression of the on-chip kernel's options: launch_rows's narrower
     looped_block: str       # host expression of (BLOCK_N, num_warps), looped
     looped_per_sm: int
     maxnreg: int
@@ -1093,6 +1100,10 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         text = f"next(w for n, w in {tuple(steps)} if BLOCK_N <= n)"
     else:
         text = str(warps)
+    asked, instead, maxnreg = NARROWER
+    narrower = "{}"
+    if warps is None and any(w == asked for _, w in steps):
+        narrower = f"dict(narrower=({instead}, {maxnreg}) if NUM_WARPS == {asked} else None)"
     stages = values.get("num_stages")
     # bytes of one column of every operand along the row: times the chunk, the pipeline's buffer per stage
     column_bytes = max(1, (rows or 1) * sum(map(_bytes, _along_row(kir))))
@@ -1107,7 +1118,7 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
-        warps=text, looped_block=_looped_block(block, warps, chunk, kir, lanes), looped_per_sm=LOOPED_PER_SM,
+        warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes), looped_per_sm=LOOPED_PER_SM,
         maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
 
