@@ -1118,8 +1118,8 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), looped_stages=looped_stages,
-        warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes), looped_per_sm=LOOPED_PER_SM,
-        maxnreg=LOOPED_MAXNREG,
+        warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes),
+        looped_per_sm=LOOPED_PER_SM, maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
 
 
