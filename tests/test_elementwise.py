@@ -149,7 +149,9 @@ def eager(text: str, args: dict) -> dict:
     for stmt in re.split(r"[;\n]", text):
         if stmt.strip():
             name, expr = stmt.split("=", 1)
-            env[name.strip()] = eval(expr, {"__builtins__": {}}, env)  # noqa: S307 - our own test text
+            # (__import__: torch's C++ code imports lazily through the calling frame's builtins)
+            scope = {"__builtins__": {"__import__": __import__}}
+            env[name.strip()] = eval(expr, scope, env)  # noqa: S307 - our own test text
     return env
 
 
