@@ -1140,7 +1140,10 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
         wide = (chunk, LOOPED_WARPS)
         narrow = thirty_two_bytes(min(NARROW_CHUNK_N, chunk))
         short = thirty_two_bytes(min(SHORT_CHUNK_N, chunk))
-    longer = f"{wide}" if narrow == wide else f"{narrow} if n_cols < {WIDE_ROW} else {wide}"
+    # (tests, narrowest first; a tier that takes the next one's block is left out)
+    tiers = [(f"n_cols < {WIDE_ROW}", narrow)] if narrow != wide else []
     if _row_bytes(kir) < 4 and short != narrow:   # only shifted 16-bit rows loop at SHORT_ROW columns or fewer
-        return f"{short} if n_cols <= {SHORT_ROW} else {longer}"
-    return f"{wide[0]}, {wide[1]}" if narrow == wide else longer
+        tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
+    if not tiers:
+        return f"{wide[0]}, {wide[1]}"
+    return " else ".join(f"{block} if {test}" for test, block in tiers) + f" else {wide}"
