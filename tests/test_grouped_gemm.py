@@ -643,6 +643,20 @@ def test_group_key_is_a_signature_not_exact_sizes():
     assert key([], []) is None and key(a, b[:1]) is None
 
 
+def test_moe_key_is_a_signature_remembered_per_shapes_and_names():
+    key = lambda a, b, lhs="A", rhs="B": grouped_gemm.moe_key((a, b), {}, [lhs, rhs], lhs, rhs)  # noqa: E731
+    a, b = torch.empty(300, 64), torch.empty(4, 64, 96)
+    first = key(a, b)
+    assert first == key(a, b) == key(torch.empty(500, 64), b)               # T in the same bucket
+    assert first != key(torch.empty(600, 64), b)                             # T
+    assert first != key(a, torch.empty(5, 64, 96))                           # G
+    assert first != key(a.half(), b.half())                                  # dtype
+    assert first != key(a, b.transpose(1, 2).contiguous().transpose(1, 2))   # layout
+    # the remembered signature is each kernel's own: another's parameter names are not reused
+    assert key(a, b, "X", "W") == first.replace("A:", "X:").replace("B:", "W:") != first
+    assert key([a], b) is None and key(a, b[0]) is None
+
+
 def test_prune_keeps_tiles_that_fit_the_largest_problem():
     configs = [dict(zip(grouped_gemm.CONFIG_KEYS, c)) for c in grouped_gemm.CANDIDATES_16]
     small = grouped_gemm.prune(configs, {"A": [torch.empty(20, 64)] * 3, "B": [torch.empty(64, 40)] * 3}, "A", "B")

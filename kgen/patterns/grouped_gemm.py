@@ -503,7 +503,7 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
     if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or not a or len(a) != len(b):
         return None
     try:
-        seen = (a[0].dtype, *[t.shape for t in a], *[t.shape for t in b],
+        seen = (lhs, rhs, a[0].dtype, *[t.shape for t in a], *[t.shape for t in b],
                 *[t.stride() for t in a], *[t.stride() for t in b])
     except (TypeError, AttributeError, IndexError):
         return None
@@ -531,14 +531,22 @@ def _group_signature(a, b, lhs, rhs) -> str | None:
 
 
 def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
-    """The MoE form's tuning key: dtype, G, the power of two above T, N and K, layouts."""
+    """The MoE form's tuning key: dtype, G, the power of two above T, N and K, layouts;
+    remembered per dtype, shapes and strides, as the list form's."""
     values = _bind(args, kwargs, names)
     a, b = values.get(lhs), values.get(rhs)
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3:
         return None
-    dtype = str(a.dtype).removeprefix("torch.")
-    return (f"moe {dtype} G={b.shape[0]} T<={_p2(a.shape[0])} N={b.shape[2]} K={a.shape[1]} "
-            f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
+    seen = ("moe", lhs, rhs, a.dtype, a.shape, b.shape, a.stride(), b.stride())
+    key = _GROUP_KEYS.get(seen)
+    if key is None:
+        dtype = str(a.dtype).removeprefix("torch.")
+        key = (f"moe {dtype} G={b.shape[0]} T<={_p2(a.shape[0])} N={b.shape[2]} K={a.shape[1]} "
+               f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
+        if len(_GROUP_KEYS) >= 4096:
+            _GROUP_KEYS.clear()
+        _GROUP_KEYS[seen] = key
+    return key
 
 
 def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
