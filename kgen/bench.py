@@ -3,7 +3,7 @@
 ``run`` builds a spec, runs it on random data (GPU, or Triton's interpreter) and
 compares every output with the float64 reference.  ``bench`` times the kernel with
 ``triton.testing.do_bench`` (or, with ``--graph``, replayed from CUDA graphs: GPU time
-alone) against the same math in eager PyTorch and under ``torch.compile`` (both built
+alone; with ``--kernel-time``, its kernels' own durations as CUPTI records them) against the same math in eager PyTorch and under ``torch.compile`` (both built
 from the reference evaluator, in the same run), over a size sweep chosen by the kernel's
 pattern, and reports time, GB/s or TFLOP/s and the ratio to each baseline.
 """
@@ -14,6 +14,7 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -258,11 +259,12 @@ def _concrete(d, inputs, kir: KernelIR) -> int:
 def bench(args) -> int:
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA GPU (use kgen run to check results on the interpreter)")
-    time_it = _graph_time if args.graph else _call_time
+    time_it = _graph_time if args.graph else _kernel_time if args.kernel_time else _call_time
     if args.path is None and args.suite is None:
         raise KgenError("kgen bench: give a spec to time, or --suite NAME")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}"
-          + (", GPU time per call replayed from CUDA graphs" if args.graph else ""))
+          + (", GPU time per call replayed from CUDA graphs" if args.graph else "")
+          + (", kernel time per call from CUPTI, L2 flushed" if args.kernel_time else ""))
     if args.suite is not None:
         from .suites import run
         table = run(args.suite, args.rounds, time_it)
@@ -333,6 +335,35 @@ def _graph_time(fn) -> float:
     except Exception as e:
         print(f"  not capturable in a CUDA graph ({type(e).__name__}): timed call by call", file=sys.stderr)
         return _call_time(fn)
+
+
+def _kernel_time(fn, calls: int = 40) -> float:
+    """Microseconds per call that the call's kernels run, from their start and end as CUPTI
+    records them (torch.profiler): L2 flushed before each call as do_bench flushes it, the
+    flush's own kernels left out, and neither the host's time nor the gaps between a call's
+    kernels counted.  A call that launches no kernel is timed as _call_time does, and says so."""
+    from torch.profiler import ProfilerActivity, profile
+    from triton.runtime import driver
+    cache = driver.active.get_empty_cache_for_benchmark()
+
+    def kernels(call) -> list:
+        with warnings.catch_warnings():   # torch.profiler's note that each session starts afresh
+            warnings.simplefilter("ignore", UserWarning)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    driver.active.clear_cache(cache)
+                    call()
+                torch.cuda.synchronize()
+            return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    fn()
+    torch.cuda.synchronize()
+    flush = {e.name for e in kernels(lambda: None)}
+    spans = [e.time_range.elapsed_us() for e in kernels(fn) if e.name not in flush]
+    if not spans:
+        print("  no kernel recorded: timed call by call", file=sys.stderr)
+        return _call_time(fn)
+    return sum(spans) / calls
 
 
 def interleaved(fns: dict, rounds: int, time_it) -> dict[str, float]:

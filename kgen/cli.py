@@ -41,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     n.add_argument("--plot", type=Path, default=None, help="draw the rows (needs matplotlib)")
     n.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    n.add_argument("--graph", action="store_true",
-                   help="time GPU work alone: every side's calls replayed from a CUDA graph (no host time)")
+    clock = n.add_mutually_exclusive_group()
+    clock.add_argument("--graph", action="store_true",
+                       help="time GPU work alone: every side's calls replayed from a CUDA graph (no host time)")
+    clock.add_argument("--kernel-time", action="store_true",
+                       help="time each side's kernels alone, as CUPTI records them (L2 flushed, no host time)")
     n.add_argument("--rounds", type=int, default=3, metavar="R",
                    help="time kgen and the baselines in turn R times; report each one's median (default 3)")
 

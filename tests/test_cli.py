@@ -228,14 +228,35 @@ def test_bench_times_kgen_and_baselines_in_turn_and_reports_medians():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph", [[], ["--graph"]])
-def test_gpu_bench_prints_a_row_per_size_timed_by_calls_or_from_graphs(project, capsys, tmp_path, graph):
+@pytest.mark.parametrize("clock", [[], ["--graph"], ["--kernel-time"]])
+def test_gpu_bench_prints_a_row_per_size_timed_by_calls_from_graphs_or_by_kernels(project, capsys, tmp_path, clock):
     import json
     assert main(["bench", "specs/vector_add.k", "--shape", "N=2**20", "--rounds", "1", "--no-compile",
-                 "--json", str(tmp_path / "rows.json"), *graph]) == 0
-    assert ("from CUDA graphs" in capsys.readouterr().out) == bool(graph)
+                 "--json", str(tmp_path / "rows.json"), *clock]) == 0
+    out = capsys.readouterr().out
+    assert ("from CUDA graphs" in out, "from CUPTI" in out) == (clock == ["--graph"], clock == ["--kernel-time"])
     (row,) = json.loads((tmp_path / "rows.json").read_text())
     assert row["kgen_us"] > 0 and row["eager_us"] > 0 and row["unit"] == "GB/s"
+
+
+def test_bench_takes_one_clock(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--suite", "softmax", "--graph", "--kernel-time"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_time_counts_each_kernel_of_a_call_and_not_the_l2_flush():
+    import torch
+    from kgen.bench import _kernel_time
+    x = torch.empty(2**26, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    once = _kernel_time(lambda: y.copy_(x))
+    twice = _kernel_time(lambda: (y.copy_(x), x.copy_(y)))
+    assert 1.6 < twice / once < 2.4
+    tiny = torch.ones(1, device="cuda")
+    # the flush writes 256 MB (tens of microseconds): a one-element kernel takes a few
+    assert _kernel_time(lambda: tiny.add_(1)) < 10
 
 
 def test_bench_suites_are_the_ones_the_cli_offers():
