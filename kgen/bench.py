@@ -3,9 +3,10 @@
 ``run`` builds a spec, runs it on random data (GPU, or Triton's interpreter) and
 compares every output with the float64 reference.  ``bench`` times the kernel with
 ``triton.testing.do_bench`` (or, with ``--graph``, replayed from CUDA graphs: GPU time
-alone; with ``--kernel-time``, its kernels' own durations as CUPTI records them) against the same math in eager PyTorch and under ``torch.compile`` (both built
-from the reference evaluator, in the same run), over a size sweep chosen by the kernel's
-pattern, and reports time, GB/s or TFLOP/s and the ratio to each baseline.
+alone; with ``--kernel-time``, its kernels' own durations as CUPTI records them) against
+the same math in eager PyTorch and under ``torch.compile`` (both built from the reference
+evaluator, in the same run), over a size sweep chosen by the kernel's pattern, and reports
+time, GB/s or TFLOP/s and the ratio to each baseline.
 """
 from __future__ import annotations
 
