@@ -491,7 +491,8 @@ def _bind(args, kwargs, names):
     return values
 
 
-_GROUP_KEYS: dict[tuple, str] = {}
+_GROUP_KEYS: dict[tuple, str | None] = {}
+_MISSING = object()
 
 
 def group_key(args, kwargs, names, lhs, rhs) -> str | None:
@@ -507,12 +508,16 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
                 *[t.stride() for t in a], *[t.stride() for t in b])
     except (TypeError, AttributeError, IndexError):
         return None
-    key = _GROUP_KEYS.get(seen)
-    if key is None:
-        key = _group_signature(a, b, lhs, rhs)
+    return _remembered(seen, lambda: _group_signature(a, b, lhs, rhs))
+
+
+def _remembered(seen: tuple, make) -> str | None:
+    """The key remembered for what a call showed (``seen``), made once."""
+    key = _GROUP_KEYS.get(seen, _MISSING)
+    if key is _MISSING:
         if len(_GROUP_KEYS) >= 4096:
             _GROUP_KEYS.clear()
-        _GROUP_KEYS[seen] = key
+        key = _GROUP_KEYS[seen] = make()
     return key
 
 
@@ -538,15 +543,13 @@ def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3:
         return None
     seen = ("moe", lhs, rhs, a.dtype, a.shape, b.shape, a.stride(), b.stride())
-    key = _GROUP_KEYS.get(seen)
-    if key is None:
-        dtype = str(a.dtype).removeprefix("torch.")
-        key = (f"moe {dtype} G={b.shape[0]} T<={_p2(a.shape[0])} N={b.shape[2]} K={a.shape[1]} "
-               f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
-        if len(_GROUP_KEYS) >= 4096:
-            _GROUP_KEYS.clear()
-        _GROUP_KEYS[seen] = key
-    return key
+    return _remembered(seen, lambda: _moe_signature(a, b, lhs, rhs))
+
+
+def _moe_signature(a, b, lhs, rhs) -> str:
+    dtype = str(a.dtype).removeprefix("torch.")
+    return (f"moe {dtype} G={b.shape[0]} T<={_p2(a.shape[0])} N={b.shape[2]} K={a.shape[1]} "
+            f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
 
 
 def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
