@@ -375,10 +375,12 @@ def _group_programs(device, num_tiles, config):
 
 
 def _group_launch(config, device, operand_bytes):
-    """The kernel's launch options from a config, and FLATTEN: whether shared memory holds
-    the K loop's buffers (num_stages tiles of both operands) and the epilogue's f32 tile at
-    once, as a tile loop pipelined with its K loop needs."""
-    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+    """The kernel's launch options from a config, and FLATTEN: the config's, or else whether
+    shared memory holds the K loop's buffers (num_stages tiles of both operands) and the
+    epilogue's f32 tile at once, as a tile loop pipelined with its K loop needs."""
+    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA", "FLATTEN")}
+    if "FLATTEN" in config:
+        return {**launch, "FLATTEN": bool(config["FLATTEN"])}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     buffers = config.get("num_stages", 3) * (block_m + block_n) * block_k * operand_bytes  # 3: Triton's default
     limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0
@@ -745,6 +747,7 @@ def grouped_gemm_moe_tma_kernel(
 
 # The configs kgen's autotuner times on a GPU (kgen's defaults).
 grouped_gemm_configs = [
+    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1, FLATTEN=True),
     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1),
     dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1),
@@ -755,6 +758,8 @@ grouped_gemm_configs = [
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3, programs_per_sm=4),
     dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=4),
+    dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1, TMA=True,
+         FLATTEN=True),
     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=1, TMA=True),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1, TMA=True),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=1, TMA=True),

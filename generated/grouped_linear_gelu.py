@@ -380,10 +380,12 @@ def _group_programs(device, num_tiles, config):
 
 
 def _group_launch(config, device, operand_bytes):
-    """The kernel's launch options from a config, and FLATTEN: whether shared memory holds
-    the K loop's buffers (num_stages tiles of both operands) and the epilogue's f32 tile at
-    once, as a tile loop pipelined with its K loop needs."""
-    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA")}
+    """The kernel's launch options from a config, and FLATTEN: the config's, or else whether
+    shared memory holds the K loop's buffers (num_stages tiles of both operands) and the
+    epilogue's f32 tile at once, as a tile loop pipelined with its K loop needs."""
+    launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA", "FLATTEN")}
+    if "FLATTEN" in config:
+        return {**launch, "FLATTEN": bool(config["FLATTEN"])}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     buffers = config.get("num_stages", 3) * (block_m + block_n) * block_k * operand_bytes  # 3: Triton's default
     limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0

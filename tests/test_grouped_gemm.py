@@ -762,6 +762,33 @@ def test_tile_and_k_loops_are_flattened_only_where_shared_memory_holds_both(monk
     assert launch(128, 128, 128, 1)["FLATTEN"] is True
     assert "programs_per_sm" not in launch(64, 128, 64, 4) and "TMA" not in launch(64, 128, 64, 4)
     assert module._group_launch(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), torch.device("cpu"), 2)["FLATTEN"] is False
+    # a config that says: the tuner times 128 x 256 tiles flattened too (the epilogue decides whether they fit)
+    said = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3, FLATTEN=True)
+    assert module._group_launch(said, cuda, 2) == dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_stages=3,
+                                                       FLATTEN=True)
+    assert module._group_launch(dict(said, BLOCK_M=16, BLOCK_N=16, FLATTEN=False), cuda, 2)["FLATTEN"] is False
+
+
+@pytest.mark.parametrize("dtype, out, body, offered", [
+    ("f16", "f16", "C = A @ B", True),
+    ("bf16", "bf16", "C = leaky_relu(A @ B, alpha)", True),
+    ("f32", "f32", "C = A @ B", False),               # f32 operands: no 128 x 256 tiles
+    ("f16", "f32", "C = A @ B", False),               # an f32 result: its tile would not fit
+    ("f16", "f16", "C = gelu(A @ B + b)", False),     # the epilogue reads a tensor
+])
+def test_default_candidates_time_the_biggest_tiles_flattened_where_the_epilogue_is_lean(dtype, out, body, offered):
+    kernel = kgen.compile(f"kernel g(A: [{dtype}[M, K]], B: [{dtype}[K, N]], b: [{dtype}[N]], alpha: f32 = 0.1) "
+                          f"-> C: [{out}[M, N]] {{\n  {body}\n}}\n")
+    configs = kernel._tuner.tuning.configs
+    assert kernel._moe_tuner.tuning.configs == configs
+    flattened = [c for c in configs if c.get("FLATTEN")]
+    if not offered:
+        assert not flattened and "FLATTEN=True)" not in kernel.source
+        return
+    assert {(c["BLOCK_M"], c["BLOCK_N"], bool(c.get("TMA"))) for c in flattened} == {(128, 256, False), (128, 256, True)}
+    for c in flattened:   # each just before its twin left to the host's estimate, so that ties go to it
+        assert configs[configs.index(c) + 1] == {k: v for k, v in c.items() if k != "FLATTEN"}
+    assert "FLATTEN=True)" in kernel.source
 
 # --- GPU ------------------------------------------------------------------------------------------------
 
@@ -781,18 +808,27 @@ def test_gpu_group_of_mixed_sizes(untuned, dtype, layout):
     assert_group_close(got, [F.leaky_relu(x.double() @ y.double(), 0.01) for x, y in zip(a, b)], a, b, 1.0, "tf32")
 
 
+# An epilogue that reads a tensor, and a lean one (its candidates add 128 x 256 tiles flattened).
+CONFIG_EPILOGUES = {"C = gelu(A @ W + b)": lambda y, bias: F.gelu(y + bias.double()),
+             "C = leaky_relu(A @ W)": lambda y, bias: F.leaky_relu(y, 0.01)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_gpu_every_candidate_config(untuned, dtype):
+@pytest.mark.parametrize("text", list(CONFIG_EPILOGUES))
+def test_gpu_every_candidate_config(untuned, dtype, text):
     problems = [(304, 200, 136), (64, 48, 64), (1, 1000, 72)]
     a, b = make_group(problems, "rows", DTYPES[dtype], random.Random(2))
     bias = [randn(n, dtype=DTYPES[dtype]) for _, n, _ in problems]
-    k = compiled("C = gelu(A @ W + b)")
-    k(a, b, bias)
+    args = (a, b, bias) if "+ b" in text else (a, b)
+    k = compiled(text)
+    k(*args)
     module = k._last.module
-    want = [F.gelu(x.double() @ y.double() + z.double()) for x, y, z in zip(a, b, bias)]
-    for config in getattr(module, f"{k._last.name}_configs"):
-        got = getattr(module, k._last.name)(a, b, bias, config=config)
+    want = [CONFIG_EPILOGUES[text](x.double() @ y.double(), z) for x, y, z in zip(a, b, bias)]
+    configs = getattr(module, f"{k._last.name}_configs")
+    assert any(c.get("FLATTEN") for c in configs) == (len(args) == 2)
+    for config in configs:
+        got = getattr(module, k._last.name)(*args, config=config)
         assert_group_close(got, want, a, b, 1.2, "tf32")
 
 
@@ -821,15 +857,17 @@ def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_fa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_gpu_moe_every_candidate_config(untuned, dtype):
+@pytest.mark.parametrize("text", list(CONFIG_EPILOGUES))
+def test_gpu_moe_every_candidate_config(untuned, dtype, text):
     dt = DTYPES[dtype]
     rows = [0, 200, 1, 64, 333]
     offs = [sum(rows[:i + 1]) for i in range(len(rows))]
     a, w, bias = randn(offs[-1], 136, dtype=dt), torch.randn(5, 136, 200, device="cuda", dtype=dt), randn(5, 200)
-    k = compiled("C = gelu(A @ W + b)")
-    want = moe_reference(a, w, offs, lambda y, g: F.gelu(y + bias[g].double()))
-    k.moe(a, w, bias, offs=offs)
+    args = (a, w, bias) if "+ b" in text else (a, w)
+    k = compiled(text)
+    want = moe_reference(a, w, offs, lambda y, g: CONFIG_EPILOGUES[text](y, bias[g]))
+    k.moe(*args, offs=offs)
     module = k._last.module
     for config in getattr(module, f"{k._last.name}_configs"):
-        got = getattr(module, f"{k._last.name}_moe")(a, w, bias, offs=torch.tensor(offs, device="cuda"), config=config)
+        got = getattr(module, f"{k._last.name}_moe")(*args, offs=torch.tensor(offs, device="cuda"), config=config)
         assert_close(got, want, moe_bound(a, w, offs), 1.2, "tf32")
