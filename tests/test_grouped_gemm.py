@@ -790,6 +790,11 @@ def test_default_candidates_time_the_biggest_tiles_flattened_where_the_epilogue_
     for c in flattened:   # each just before its twin left to the host's estimate, so that ties go to it
         assert configs[configs.index(c) + 1] == {k: v for k, v in c.items() if k != "FLATTEN"}
     assert "FLATTEN=True)" in kernel.source
+    # timed for the MoE form only: the list kernel gained nothing from them
+    big = {"A": [torch.empty(2048, 2048)] * 4, "B": [torch.empty(2048, 2048)] * 4}
+    assert not any(c.get("FLATTEN") for c in grouped_gemm.prune(configs, big, "A", "B"))
+    moe = {"A": torch.empty(8192, 2048), "B": torch.empty(4, 2048, 2048)}
+    assert [c for c in grouped_gemm.prune_moe(configs, moe, "A", "B") if c.get("FLATTEN")] == flattened
 
 # --- GPU ------------------------------------------------------------------------------------------------
 
@@ -831,6 +836,20 @@ def test_gpu_every_candidate_config(untuned, dtype, text):
     for config in configs:
         got = getattr(module, k._last.name)(*args, config=config)
         assert_group_close(got, want, a, b, 1.2, "tf32")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_timing_flushes_l2_before_each_captured_call(monkeypatch):
+    """The tuner's graphs: (flush, call) pairs, then the flushes alone, whose time is taken off;
+    each flush writes twice the GPU's L2."""
+    seen, flush = [], autotune.flush
+    monkeypatch.setattr(autotune, "flush", lambda lines: (seen.append(("flush", lines.numel())), flush(lines)))
+    x = randn(1 << 20)
+    y = torch.empty_like(x)
+    ms = autotune.graph_ms(lambda: (seen.append("call"), torch.exp(x, out=y)), calls=3, replays=2)
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    assert seen == ["call"] + [("flush", 2 * l2), "call"] * 3 + [("flush", 2 * l2)] * 3
+    assert 0 < ms < 1 and torch.equal(y, torch.exp(x))
 
 
 @pytest.mark.gpu
