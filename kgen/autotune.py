@@ -5,7 +5,8 @@ meta-parameters and launch options) and otherwise picks one with a heuristic
 printed in the module, so a generated module runs on its own, without kgen and
 without tuning.  kgen's runtime ``Kernel`` puts a ``Tuner`` in front of it: on the
 first call for a problem key, the tuner times each candidate config (the plan's
-``Tuning.configs``, pruned for the problem) with ``triton.testing.do_bench``,
+``Tuning.configs``, pruned for the problem) with ``triton.testing.do_bench`` (or, for
+plans whose configs cost the host the same, replayed from CUDA graphs: ``graph_ms``),
 keeps the fastest in memory and on disk, and passes it as ``config=``.
 
 Why not ``@triton.autotune`` in the generated source: its cache lives in one
@@ -185,8 +186,8 @@ def graph_ms(fn, calls: int = 16, replays: int = 12) -> float:
     """Milliseconds per call of ``fn``'s GPU work with L2 flushed before each call: one CUDA
     graph of ``calls`` (flush, call) pairs and one of the flushes alone, replayed in turn; the
     median difference over ``calls``.  (Replayed back to back without flushes, a kernel finds
-    its operands in L2, which favours kernels that re-read them, and the GPU does not cool
-    between calls: on an H100, 4 x 2048^3 grouped GEMMs timed that way ranked differently.)"""
+    its operands in L2: on an H100, 4 x 2048^3 grouped GEMM configs timed that way ranked
+    otherwise than do_bench and CUPTI rank them, by up to 5%.)"""
     fn()
     torch.cuda.synchronize()
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
