@@ -157,13 +157,14 @@ def _num_sms(device):
 
 
 def launch_rows(kernel, n_tiles, per_sm, device, args, narrower=None, **options):
-    """Launch a row kernel whose programs walk tiles of rows in a grid-stride loop: one
-    program per tile (per_sm None), or at most per_sm programs per SM.  narrower: (num_warps,
-    maxnreg) to launch with instead where the kernel compiled as asked leaves room in an SM's
-    registers for one program only, which then waits alone on each reduction."""
+    """Launch a row kernel over n_tiles tiles of rows: one program per tile (per_sm None: the
+    kernel takes tile program_id), or at most per_sm programs per SM, which walk the tiles
+    in a grid-stride loop.  narrower: (num_warps, maxnreg) to launch with instead where the
+    kernel compiled as asked leaves room in an SM's registers for one program only, which
+    then waits alone on each reduction."""
     if device.type != "cuda":
         # Triton's interpreter runs programs one after another: a few still walk the loop
-        kernel[(min(n_tiles, 4),)](*args, **options)
+        kernel[(n_tiles if per_sm is None else min(n_tiles, 4),)](*args, **options)
         return
     if per_sm is not None:
         n_tiles = min(n_tiles, per_sm * _num_sms(device))
@@ -206,17 +207,35 @@ def rmsnorm_kernel(
     n_rows, n_cols,
     X_stride0, X_stride1, W_stride0, Y_stride0, Y_stride1,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
-    INT64: tl.constexpr,
+    INT64: tl.constexpr, TILE_LOOP: tl.constexpr,
 ):
-    # Whole rows on chip (BLOCK_N >= n_cols): a tile of BLOCK_ROWS rows per program (the
-    # loop runs once on a GPU; on Triton's interpreter a few programs walk all the tiles).
-    # EVEN_N: n_cols == BLOCK_N, no column mask.
+    # Whole rows on chip (BLOCK_N >= n_cols): one tile of BLOCK_ROWS rows per program.
+    # EVEN_N: n_cols == BLOCK_N, no column mask.  TILE_LOOP: the tile in a grid-stride loop,
+    # which runs once on a GPU (and walks the tiles on Triton's interpreter): for rows wider
+    # than 1024 columns it ran faster than the same code straight, for narrower ones slower.
     col = tl.arange(0, BLOCK_N)[None, :]
     col_mask = (col < n_cols) | EVEN_N
     if INT64:
         col = col.to(tl.int64)
-    for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
-                         num_stages=NUM_STAGES):
+    if TILE_LOOP:
+        for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
+                             num_stages=NUM_STAGES):
+            row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
+            row_mask = row < n_rows
+            if INT64:
+                row = row.to(tl.int64)
+            mask = row_mask & col_mask
+            # mean(X * X, axis=-1)
+            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+            row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
+            # rms = rsqrt(mean(X * X, axis=-1) + eps)
+            rms = tl.rsqrt(row_mean + eps)
+            # Y = X * rms * W
+            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            Y = X * rms * W
+            tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+    else:
+        row0 = tl.program_id(0) * BLOCK_ROWS
         row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
         if INT64:
@@ -228,7 +247,7 @@ def rmsnorm_kernel(
         # rms = rsqrt(mean(X * X, axis=-1) + eps)
         rms = tl.rsqrt(row_mean + eps)
         # Y = X * rms * W
-        W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+        W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         Y = X * rms * W
         tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
 
@@ -334,7 +353,7 @@ def rmsnorm_looped_kernel(
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             # Y = X * rms * W
             Y = X * rms * W
             Y_at = Y_ptr + Y_row + lane * Y_stride1
@@ -365,7 +384,7 @@ def rmsnorm_looped_kernel(
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
-            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0).to(tl.float32)
+            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             # Y = X * rms * W
             Y = X * rms * W
             Y_at = Y_ptr + Y_row + lane * Y_stride1
@@ -398,20 +417,21 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
-        NUM_STAGES = 1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2
-        PER_SM, options = None, dict(narrower=(8, 128) if NUM_WARPS == 16 else None)
+        PER_SM = None
+        options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2, TILE_LOOP=BLOCK_N > 1024,
+                       narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
         BLOCK_N, NUM_WARPS = (2048, 4) if n_cols <= 16384 else (4096, 8) if n_cols < 65536 else (8192, 16)
-        NUM_STAGES, PER_SM = 4, 8
+        PER_SM = 8
         # at most 64 registers a thread: 32 warps fit an SM
-        options = dict(SHIFT=SHIFT, VEC=8, maxnreg=64)
+        options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, eps, Y,
         n_rows, n_cols,
         X.stride(0), X.stride(1), W.stride(0), Y.stride(0), Y.stride(1),
-    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
+    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N,
         EVEN_N=n_cols > 0 and n_cols % BLOCK_N == 0, INT64=_needs_int64(X, W, Y),
         num_warps=NUM_WARPS, **options)
     return Y

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
-                                      SHORT_ROW)
+                                      SHORT_ROW, STRAIGHT_MAX_BLOCK_N)
 from kgen.reference import evaluate
 
 from conftest import DEVICE
@@ -620,13 +620,38 @@ def test_rows_on_chip_load_each_operand_where_it_is_first_read():
     """Layernorm's weight and bias are loaded under the output statement, after both
     reductions, not held in registers through them; X under the first reduction."""
     source = spec_kernel("layernorm").source
-    body = source.split("def layernorm_kernel")[1].split("\ndef ")[0]
+    body = source.split("def layernorm_kernel")[1].split("\ndef ")[0].split("\n    else:\n")[1]   # straight-line
     lines = [line.strip() for line in body.splitlines()]
     where = lambda prefix: next(i for i, line in enumerate(lines) if line.startswith(prefix))  # noqa: E731
     assert where("X = tl.load") == where("# mu = mean(X, axis=-1)") + 1
     assert where("var = ") < where("rstd = ") < where("# Y = xc * rstd * W + B") < where("W = tl.load") \
         < where("B = tl.load") < where("Y = ")
     assert sum(line.startswith(("W = tl.load", "B = tl.load", "X = tl.load")) for line in lines) == 3
+
+
+@pytest.mark.parametrize("n", [1000, 1500])
+def test_rows_on_chip_run_straight_or_in_a_tile_loop_by_width_and_keep_what_every_row_reads_in_l2(n):
+    """Rows up to STRAIGHT_MAX_BLOCK_N columns take the on-chip kernel's straight-line branch
+    (one program per tile), wider ones its tile loop (which Triton's interpreter's few programs
+    walk); both compute layernorm as torch does.  The weight and bias, read by every tile, load
+    with evict_last, the rows' X without a hint."""
+    kernel = spec_kernel("layernorm")
+    body = kernel.source.split("def layernorm_kernel")[1].split("\ndef ")[0]
+    loop, straight = body.split("    if TILE_LOOP:\n")[1].split("\n    else:\n")
+    assert "for row0 in tl.range(" in loop and "row0 = tl.program_id(0) * BLOCK_ROWS" in straight
+    assert f"TILE_LOOP=BLOCK_N > {STRAIGHT_MAX_BLOCK_N}" in kernel.source
+    for branch in (loop, straight):
+        loads = {line.split(" = ")[0].strip(): line for line in branch.splitlines() if "tl.load(" in line}
+        assert set(loads) == {"X", "W", "B"}
+        assert all('eviction_policy="evict_last"' in loads[name] for name in "WB")
+        assert "eviction_policy" not in loads["X"]
+    g = torch.Generator().manual_seed(n)
+    x, w, b = (torch.randn(*shape, generator=g).half().to(DEVICE) for shape in ((9, n), (n,), (n,)))
+    y, mu, rstd = kernel(x, w, b)
+    _, want_mu, want_rstd = evaluate(kernel.ir, {"X": x.double(), "W": w.double(), "B": b.double(), "eps": 1e-5})
+    assert_matches(y, F.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5), n, "Y")
+    assert_matches(mu, want_mu, n, "mu")
+    assert_matches(rstd, want_rstd, n, "rstd")
 
 
 @pytest.mark.parametrize("chunk", [None, 4])
