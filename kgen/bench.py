@@ -343,6 +343,16 @@ def _kernel_time(fn, calls: int = 40) -> float:
     records them (torch.profiler): L2 flushed before each call as do_bench flushes it, the
     flush's own kernels left out, and neither the host's time nor the gaps between a call's
     kernels counted.  A call that launches no kernel is timed as _call_time does, and says so."""
+    spans = _kernel_spans(fn, calls)
+    if not spans:
+        print("  no kernel recorded: timed call by call", file=sys.stderr)
+        return _call_time(fn)
+    return sum(us for _, us in spans) / calls
+
+
+def _kernel_spans(fn, calls: int) -> list[tuple[str, float]]:
+    """(name, microseconds) of each kernel that ``calls`` calls of ``fn`` ran, each call after an
+    L2 flush whose kernels are left out."""
     from torch.profiler import ProfilerActivity, profile
     from triton.runtime import driver
     cache = driver.active.get_empty_cache_for_benchmark()
@@ -360,11 +370,7 @@ def _kernel_time(fn, calls: int = 40) -> float:
     fn()
     torch.cuda.synchronize()
     flush = {e.name for e in kernels(lambda: None)}
-    spans = [e.time_range.elapsed_us() for e in kernels(fn) if e.name not in flush]
-    if not spans:
-        print("  no kernel recorded: timed call by call", file=sys.stderr)
-        return _call_time(fn)
-    return sum(spans) / calls
+    return [(e.name, e.time_range.elapsed_us()) for e in kernels(fn) if e.name not in flush]
 
 
 def interleaved(fns: dict, rounds: int, time_it) -> dict[str, float]:

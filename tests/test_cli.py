@@ -248,15 +248,23 @@ def test_bench_takes_one_clock(capsys):
 @pytest.mark.gpu
 def test_gpu_kernel_time_counts_each_kernel_of_a_call_and_not_the_l2_flush():
     import torch
-    from kgen.bench import _kernel_time
-    x = torch.empty(2**26, dtype=torch.uint8, device="cuda")
+    from kgen import bench
+    x = torch.empty(2**20, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    once = _kernel_time(lambda: y.copy_(x))
-    twice = _kernel_time(lambda: (y.copy_(x), x.copy_(y)))
-    assert 1.6 < twice / once < 2.4
-    tiny = torch.ones(1, device="cuda")
-    # the flush writes 256 MB (tens of microseconds): a one-element kernel takes a few
-    assert _kernel_time(lambda: tiny.add_(1)) < 10
+    once = bench._kernel_spans(lambda: y.add_(1), 5)
+    twice = bench._kernel_spans(lambda: (y.add_(1), x.mul_(3)), 5)
+    assert len(once) == 5 and len(twice) == 10     # one and two kernels a call, no flush among them
+    assert len({name for name, _ in twice}) == 2 and all(us > 0 for _, us in twice)
+
+
+def test_kernel_time_is_the_kernels_time_per_call(monkeypatch, capsys):
+    from kgen import bench
+    monkeypatch.setattr(bench, "_kernel_spans", lambda fn, calls: [("a", 2.0), ("b", 4.5), ("a", 3.5)])
+    assert bench._kernel_time(lambda: None, 2) == (2.0 + 4.5 + 3.5) / 2
+    monkeypatch.setattr(bench, "_kernel_spans", lambda fn, calls: [])     # no kernel: the call's time instead
+    monkeypatch.setattr(bench, "_call_time", lambda fn: 7.25)
+    assert bench._kernel_time(lambda: None, 2) == 7.25
+    assert "no kernel recorded" in capsys.readouterr().err
 
 
 def test_bench_suites_are_the_ones_the_cli_offers():
