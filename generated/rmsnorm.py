@@ -202,6 +202,31 @@ def _shift_rows(vec, n_cols, *tensors):
 
 
 @triton.jit
+def _rmsnorm_tile(
+    row0, col, col_mask,
+    X_ptr, W_ptr, eps, Y_ptr,
+    n_rows, n_cols,
+    X_stride0, X_stride1, W_stride0, Y_stride0, Y_stride1,
+    BLOCK_ROWS: tl.constexpr, INT64: tl.constexpr,
+):
+    # One tile on chip: rows row0 to row0 + BLOCK_ROWS - 1 (those past n_rows masked), each whole.
+    row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
+    row_mask = row < n_rows
+    if INT64:
+        row = row.to(tl.int64)
+    mask = row_mask & col_mask
+    # mean(X * X, axis=-1)
+    X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+    row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
+    # rms = rsqrt(mean(X * X, axis=-1) + eps)
+    rms = tl.rsqrt(row_mean + eps)
+    # Y = X * rms * W
+    W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    Y = X * rms * W
+    tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+
+
+@triton.jit
 def rmsnorm_kernel(
     X_ptr, W_ptr, eps, Y_ptr,
     n_rows, n_cols,
@@ -220,36 +245,11 @@ def rmsnorm_kernel(
     if TILE_LOOP:
         for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
                              num_stages=NUM_STAGES):
-            row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
-            row_mask = row < n_rows
-            if INT64:
-                row = row.to(tl.int64)
-            mask = row_mask & col_mask
-            # mean(X * X, axis=-1)
-            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
-            row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
-            # rms = rsqrt(mean(X * X, axis=-1) + eps)
-            rms = tl.rsqrt(row_mean + eps)
-            # Y = X * rms * W
-            W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            Y = X * rms * W
-            tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+            _rmsnorm_tile(row0, col, col_mask, X_ptr, W_ptr, eps, Y_ptr, n_rows, n_cols, X_stride0, X_stride1,
+                          W_stride0, Y_stride0, Y_stride1, BLOCK_ROWS, INT64)
     else:
-        row0 = tl.program_id(0) * BLOCK_ROWS
-        row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
-        row_mask = row < n_rows
-        if INT64:
-            row = row.to(tl.int64)
-        mask = row_mask & col_mask
-        # mean(X * X, axis=-1)
-        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
-        row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
-        # rms = rsqrt(mean(X * X, axis=-1) + eps)
-        rms = tl.rsqrt(row_mean + eps)
-        # Y = X * rms * W
-        W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        Y = X * rms * W
-        tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+        _rmsnorm_tile(tl.program_id(0) * BLOCK_ROWS, col, col_mask, X_ptr, W_ptr, eps, Y_ptr, n_rows, n_cols, X_stride0,
+                      X_stride1, W_stride0, Y_stride0, Y_stride1, BLOCK_ROWS, INT64)
 
 
 @triton.jit

@@ -208,6 +208,32 @@ def _shift_rows(vec, n_cols, *tensors):
 
 
 @triton.jit
+def _softmax_tile(
+    row0, col, col_mask,
+    X_ptr, Y_ptr,
+    n_rows, n_cols,
+    X_stride0, X_stride1, Y_stride0, Y_stride1,
+    BLOCK_ROWS: tl.constexpr, INT64: tl.constexpr,
+):
+    # One tile on chip: rows row0 to row0 + BLOCK_ROWS - 1 (those past n_rows masked), each whole.
+    row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
+    row_mask = row < n_rows
+    if INT64:
+        row = row.to(tl.int64)
+    mask = row_mask & col_mask
+    # m = max(X, axis=-1)
+    X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+    m = tl.reduce(tl.where(mask, X, float("-inf")), 1, max_combine, keep_dims=True)
+    # e = exp(X - m)
+    e = tl.exp(X - m)
+    # sum(e, axis=-1)
+    sum_e = tl.sum(tl.where(mask, e, 0.0), axis=1, keep_dims=True)
+    # Y = e / sum(e, axis=-1)
+    Y = e / sum_e
+    tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+
+
+@triton.jit
 def softmax_kernel(
     X_ptr, Y_ptr,
     n_rows, n_cols,
@@ -226,38 +252,11 @@ def softmax_kernel(
     if TILE_LOOP:
         for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
                              num_stages=NUM_STAGES):
-            row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
-            row_mask = row < n_rows
-            if INT64:
-                row = row.to(tl.int64)
-            mask = row_mask & col_mask
-            # m = max(X, axis=-1)
-            X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
-            m = tl.reduce(tl.where(mask, X, float("-inf")), 1, max_combine, keep_dims=True)
-            # e = exp(X - m)
-            e = tl.exp(X - m)
-            # sum(e, axis=-1)
-            sum_e = tl.sum(tl.where(mask, e, 0.0), axis=1, keep_dims=True)
-            # Y = e / sum(e, axis=-1)
-            Y = e / sum_e
-            tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+            _softmax_tile(row0, col, col_mask, X_ptr, Y_ptr, n_rows, n_cols, X_stride0, X_stride1, Y_stride0, Y_stride1,
+                          BLOCK_ROWS, INT64)
     else:
-        row0 = tl.program_id(0) * BLOCK_ROWS
-        row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
-        row_mask = row < n_rows
-        if INT64:
-            row = row.to(tl.int64)
-        mask = row_mask & col_mask
-        # m = max(X, axis=-1)
-        X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
-        m = tl.reduce(tl.where(mask, X, float("-inf")), 1, max_combine, keep_dims=True)
-        # e = exp(X - m)
-        e = tl.exp(X - m)
-        # sum(e, axis=-1)
-        sum_e = tl.sum(tl.where(mask, e, 0.0), axis=1, keep_dims=True)
-        # Y = e / sum(e, axis=-1)
-        Y = e / sum_e
-        tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+        _softmax_tile(tl.program_id(0) * BLOCK_ROWS, col, col_mask, X_ptr, Y_ptr, n_rows, n_cols, X_stride0, X_stride1,
+                      Y_stride0, Y_stride1, BLOCK_ROWS, INT64)
 
 
 @triton.jit

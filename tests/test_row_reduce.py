@@ -620,7 +620,7 @@ def test_rows_on_chip_load_each_operand_where_it_is_first_read():
     """Layernorm's weight and bias are loaded under the output statement, after both
     reductions, not held in registers through them; X under the first reduction."""
     source = spec_kernel("layernorm").source
-    body = source.split("def layernorm_kernel")[1].split("\ndef ")[0].split("\n    else:\n")[1]   # straight-line
+    body = source.split("def _layernorm_tile")[1].split("\ndef ")[0]
     lines = [line.strip() for line in body.splitlines()]
     where = lambda prefix: next(i for i, line in enumerate(lines) if line.startswith(prefix))  # noqa: E731
     assert where("X = tl.load") == where("# mu = mean(X, axis=-1)") + 1
@@ -638,13 +638,14 @@ def test_rows_on_chip_run_straight_or_in_a_tile_loop_by_width_and_keep_what_ever
     kernel = spec_kernel("layernorm")
     body = kernel.source.split("def layernorm_kernel")[1].split("\ndef ")[0]
     loop, straight = body.split("    if TILE_LOOP:\n")[1].split("\n    else:\n")
-    assert "for row0 in tl.range(" in loop and "row0 = tl.program_id(0) * BLOCK_ROWS" in straight
+    assert "for row0 in tl.range(" in loop and "_layernorm_tile(row0, " in loop
+    assert "_layernorm_tile(tl.program_id(0) * BLOCK_ROWS, " in straight and "for " not in straight
     assert f"TILE_LOOP=BLOCK_N > {STRAIGHT_MAX_BLOCK_N}" in kernel.source
-    for branch in (loop, straight):
-        loads = {line.split(" = ")[0].strip(): line for line in branch.splitlines() if "tl.load(" in line}
-        assert set(loads) == {"X", "W", "B"}
-        assert all('eviction_policy="evict_last"' in loads[name] for name in "WB")
-        assert "eviction_policy" not in loads["X"]
+    tile = kernel.source.split("def _layernorm_tile")[1].split("\ndef ")[0]
+    loads = {line.split(" = ")[0].strip(): line for line in tile.splitlines() if "tl.load(" in line}
+    assert set(loads) == {"X", "W", "B"}
+    assert all('eviction_policy="evict_last"' in loads[name] for name in "WB")
+    assert "eviction_policy" not in loads["X"]
     g = torch.Generator().manual_seed(n)
     x, w, b = (torch.randn(*shape, generator=g).half().to(DEVICE) for shape in ((9, n), (n,), (n,)))
     y, mu, rstd = kernel(x, w, b)

@@ -24,7 +24,7 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   the looped kernel uses).  Rows up to ``STRAIGHT_MAX_BLOCK_N`` columns run
   straight-line code; wider ones keep the tile in a grid-stride loop (``TILE_LOOP``),
   which runs once on a GPU and ran 1-5% faster there than straight-line code (slower
-  on the narrow rows).  Each operand is loaded under the first statement that reads it, so a
+  on the narrow rows); the tile's code is one function, ``_<name>_tile``, that both call.  Each operand is loaded under the first statement that reads it, so a
   weight or bias used after the reductions is not held in registers through them
   (layernorm at N = 8192: 2700 -> 3350 GB/s), with ``evict_last``, as every tile
   reads it, and ``EVEN_N`` (the row is exactly ``BLOCK_N`` wide) drops the column
