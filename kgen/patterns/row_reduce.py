@@ -13,26 +13,28 @@ have the rows' shape: ``[M, N]`` or ``[M, 1]`` (layernorm's ``mu`` and ``rstd``)
 Two or three kernels per spec; the host picks one per call from ``n_cols``:
 
 * **rows on chip** (``<name>_kernel``): ``BLOCK_N = next_pow2(N)`` up to
-  ``MAX_BLOCK_N`` columns, whatever the element, with 32 warps from 16385 columns (f16 at
-  N = 32768 on an H100, softmax 2320 -> 2570 GB/s, log-softmax 2100 -> 2640, layernorm
-  1730 -> 2740, rmsnorm 2470 -> 2790, where the looped kernel ran them; f32 rows gained
-  as much: see MAX_BLOCK_N).  A tile is ``[BLOCK_ROWS, BLOCK_N]``: one row for wide
-  rows, several for narrow ones (``TILE_BYTES // (BLOCK_N * element size)``), so
-  that a program always has a useful amount of work.  The host launches one program
-  per tile: on an H200 that beat every persistent program count we measured (2, 4
-  or 8 per SM, or as many as fit) by 3-10% (the seed's occupancy-sized grid is what
-  the looped kernel uses).  Rows up to ``STRAIGHT_MAX_BLOCK_N`` columns run
-  straight-line code; wider ones keep the tile in a grid-stride loop (``TILE_LOOP``),
-  which runs once on a GPU and ran 1-5% faster there than straight-line code (slower
-  on the narrow rows); the tile's code is one function, ``_<name>_tile``, that both call.  Each operand is loaded under the first statement that reads it, so a
-  weight or bias used after the reductions is not held in registers through them
-  (layernorm at N = 8192: 2700 -> 3350 GB/s), with ``evict_last``, as every tile
-  reads it, and ``EVEN_N`` (the row is exactly ``BLOCK_N`` wide) drops the column
-  mask.  Where 16 warps would leave an SM's registers to one program
-  (more than 64 a thread, counted on the compiled kernel), the host launches ``NARROWER``
-  warps capped at 128 registers instead (layernorm at 10240 to 16384 columns: 1.5x).
-  Reductions are ``tl.sum``/``tl.reduce`` over axis 1 with ``keep_dims``, so
-  per-row values are ``[BLOCK_ROWS, 1]`` and broadcast as in the spec.
+  ``MAX_BLOCK_N`` columns, whatever the element, with 32 warps from 16385 columns
+  (f16 at N = 32768 on an H100, softmax 2320 -> 2570 GB/s, log-softmax 2100 -> 2640,
+  layernorm 1730 -> 2740, rmsnorm 2470 -> 2790, where the looped kernel ran them;
+  f32 rows gained as much: see MAX_BLOCK_N).  A tile is ``[BLOCK_ROWS, BLOCK_N]``:
+  one row for wide rows, several for narrow ones (``TILE_BYTES // (BLOCK_N * element
+  size)``), so that a program always has a useful amount of work.  The host launches
+  one program per tile: on an H200 that beat every persistent program count we
+  measured (2, 4 or 8 per SM, or as many as fit) by 3-10% (the seed's
+  occupancy-sized grid is what the looped kernel uses).  Rows up to
+  ``STRAIGHT_MAX_BLOCK_N`` columns run straight-line code; wider ones keep the tile
+  in a grid-stride loop (``TILE_LOOP``), which runs once on a GPU and ran 1-5%
+  faster there than straight-line code (slower on the narrow rows); the tile's code
+  is one function, ``_<name>_tile``, that both call.  Each operand is loaded under
+  the first statement that reads it, so a weight or bias used after the reductions
+  is not held in registers through them (layernorm at N = 8192: 2700 -> 3350 GB/s),
+  with ``evict_last``, as every tile reads it, and ``EVEN_N`` (the row is exactly
+  ``BLOCK_N`` wide) drops the column mask.  Where 16 warps would leave an SM's
+  registers to one program (more than 64 a thread, counted on the compiled kernel),
+  the host launches ``NARROWER`` warps capped at 128 registers instead (layernorm at
+  10240 to 16384 columns: 1.5x).  Reductions are ``tl.sum``/``tl.reduce`` over axis 1
+  with ``keep_dims``, so per-row values are ``[BLOCK_ROWS, 1]`` and broadcast as in
+  the spec.
 * **looped** (``<name>_looped_kernel``), for wider rows: each tile of rows is
   swept in chunks of ``CHUNK_N`` columns, once per *level* of reductions (a
   reduction's level is one more than the deepest reduction it depends on) and
