@@ -632,9 +632,9 @@ def test_rows_on_chip_load_each_operand_where_it_is_first_read():
 @pytest.mark.parametrize("n", [1000, 1500])
 def test_rows_on_chip_run_straight_or_in_a_tile_loop_by_width_and_keep_what_every_row_reads_in_l2(n):
     """Rows up to STRAIGHT_MAX_BLOCK_N columns take the on-chip kernel's straight-line branch
-    (one program per tile), wider ones its tile loop (run once); both compute layernorm as torch
-    does.  The weight and bias, read by every tile, load
-    with evict_last, the rows' X without a hint."""
+    (one program per tile), wider ones its tile loop (run once); both call one tile function and
+    compute layernorm as torch does.  The weight and bias, read by every tile, load with
+    evict_last, the rows' X without a hint."""
     kernel = spec_kernel("layernorm")
     body = kernel.source.split("def layernorm_kernel")[1].split("\ndef ")[0]
     loop, straight = body.split("    if TILE_LOOP:\n")[1].split("\n    else:\n")
