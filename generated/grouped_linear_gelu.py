@@ -312,7 +312,8 @@ def _group_disjoint(inputs, outputs):
             reach_out = (end, label)
 
 
-# (device, tiles, vector width, sizes, addresses, strides) -> (table on the device, tiles, layout constexprs)
+# (device, tiles, vector width, sizes, the tensors' names and dtypes, addresses, strides)
+#     -> (table on the device, tiles, layout constexprs named after the tensors)
 _GROUP_TABLES = {}
 
 
@@ -327,7 +328,8 @@ def _group_table(device, M, N, K, tensors, config, vector):
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     addresses = [tuple(map(torch.Tensor.data_ptr, values)) for _, values in tensors]
     strides = [tuple(map(torch.Tensor.stride, values)) for _, values in tensors]
-    key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), *addresses, *strides)
+    names = tuple((name, values[0].dtype) for name, values in tensors)
+    key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), names, *addresses, *strides)
     cached = _GROUP_TABLES.get(key)
     if cached is None:
         counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
@@ -335,9 +337,11 @@ def _group_table(device, M, N, K, tensors, config, vector):
         for count in counts:
             tiles += count
             ends.append(tiles)
-        columns = [M, N, K, *addresses]
-        for per_tensor in strides:
-            columns += zip(*per_tensor)
+        # an empty operand (K = 0) is never read: 0 for its address and strides, which a TMA
+        # descriptor accepts where the tensor's own (strides of 1) it would not
+        columns = [M, N, K, *([t.data_ptr() if t.numel() else 0 for t in values] for _, values in tensors)]
+        for _, values in tensors:
+            columns += zip(*(t.stride() if t.numel() else (0,) * t.dim() for t in values))
         rows = ends + [x for row in zip(*columns) for x in row]
         live = [i for i, count in enumerate(counts) if count]
         aligned = all(N[i] % vector == 0 and K[i] % vector == 0 for i in live)

@@ -411,10 +411,13 @@ class _Checker:
             return self.matmul(e, a, b)
         shape = self.broadcast(a, b, e.span)
         if op in _COMPARISONS:
+            common = _result_type(a, b)
+            a, b = _promoted(a, common, compare=True), _promoted(b, common, compare=True)
             return Node(op, D.BOOL, shape, (a, b), None, e.span)
         self._no_bool(a, e.op, e.left.span)
         self._no_bool(b, e.op, e.right.span)
         dtype = _result_type(a, b)
+        a, b = _promoted(a, dtype), _promoted(b, dtype)
         if op is Op.DIV and not dtype.is_float:
             dtype = D.F32
         if op is Op.POW and not dtype.is_float:
@@ -477,6 +480,7 @@ class _Checker:
             for v in values:
                 self._no_bool(v, name, e.span)
             dtype = _result_type(*values)
+            operands[-len(values):] = [_promoted(v, dtype) for v in values]
         if fn.op is Op.CLAMP:
             if bound["lo"] is None and bound["hi"] is None:
                 raise SpecError("clamp needs lo, hi or both", e.span)
@@ -582,6 +586,18 @@ def _result_type(*nodes: Node) -> DType:
         if result is None or dtype.category > result.category:
             result = dtype
     return result
+
+
+def _promoted(x: Node, common: DType, compare: bool = False) -> Node:
+    """x as torch hands it to an op whose operands promote to a 16-bit float ``common``
+    (kgen computes in f32): an integer or bool tensor cast to ``common`` first (i32 2049
+    minus f16 2048 is 0, not 1), and for a comparison every other operand too, numbers
+    included (f16 x == 0.1 holds where x is f16(0.1)); elsewhere x as it is."""
+    if not (common.is_float and common.bits == 16) or x.dtype is common:
+        return x
+    if compare or (x.dtype.category < common.category and not x.is_weak):
+        return Node(Op.CAST, common, x.shape, (x,), common, x.span)
+    return x
 
 
 def _literal_dim(d: S.Number) -> int:

@@ -19,6 +19,11 @@ class DType:
         return self.category == 2
 
     @property
+    def bytes(self) -> int:
+        """Its size in memory (bool takes a byte)."""
+        return (self.bits + 7) // 8
+
+    @property
     def compute(self) -> DType:
         """16-bit floats are computed in f32 and rounded on store."""
         return F32 if self.is_float and self.bits < 32 else self

@@ -42,10 +42,34 @@ def use_interpreter_if_no_gpu() -> bool:
         return False
     if os.environ.get("TRITON_INTERPRET") != "1":
         os.environ["TRITON_INTERPRET"] = "1"
+    _interpret_triton_library()
     if not _announced:
         _announced = True
         print("kgen: no CUDA device; kernels run on Triton's interpreter (TRITON_INTERPRET=1)", file=sys.stderr)
     return True
+
+
+def _interpret_triton_library() -> None:
+    """Triton chooses compiled or interpreted functions as it decorates them: where it was
+    imported before ``TRITON_INTERPRET`` was set (``import triton`` ahead of kgen), its own
+    library (``tl.cdiv``, ``tl.sum``, ``tl.zeros``, ...) holds compiled functions, which an
+    interpreted kernel cannot call.  Rewrap those as Triton would have under the
+    interpreter; nothing else can run them on a machine without a CUDA device."""
+    owners = [module for name, module in list(sys.modules.items())
+              if module is not None and (name == "triton.language" or name.startswith("triton.language."))]
+    if not owners:
+        return   # Triton is not imported yet: it will decorate for the interpreter
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    import triton.language as tl
+
+    wrapped: dict[int, InterpretedFunction] = {}
+    for owner in owners + [tl.tensor]:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in wrapped:
+                    wrapped[id(value)] = InterpretedFunction(value.fn)
+                setattr(owner, name, wrapped[id(value)])
 
 
 def load(source: str):

@@ -474,6 +474,51 @@ def test_each_function_special_values(fn, dtype):
     assert_matches(got, evaluate(kernel.ir, {"X": x})[0])
 
 
+TINY = torch.logspace(-30, 0, 61, dtype=torch.float64)
+ACCURACY_RANGES = {
+    "tanh": torch.cat([TINY, -TINY, torch.linspace(-20, 20, 160, dtype=torch.float64)]),
+    "softplus": torch.cat([TINY, -TINY, torch.linspace(-80, 30, 221, dtype=torch.float64)]),
+    "gelu_tanh": torch.cat([TINY, -TINY]),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(ACCURACY_RANGES))
+def test_functions_keep_relative_accuracy(fn):
+    """Where a closed form cancels (tanh near 0, log(1 + e^x) for very negative x), f32
+    results keep their relative accuracy, not only the absolute one."""
+    x = ACCURACY_RANGES[fn].to(torch.float32)
+    got = kgen.compile(f"Y = {fn}(X)")(x.to(DEVICE)).cpu().double()
+    want = TORCH_UNARY[fn](x.double())
+    assert want.abs().min() > 0
+    assert ((got - want).abs() / want.abs()).max() <= 1e-5
+
+
+HALVES = torch.tensor([0.1, 2048.0, -0.1, 0.3, 2050.0, 1.0, 65504.0], dtype=torch.float16)
+INTS = torch.tensor([1, 2049, 0, 2048, 2051, 1, 65520], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("text, args, fn", [
+    ("y = x == 0.1", (HALVES,), lambda x: x == 0.1),
+    ("y = x < 0.1", (HALVES,), lambda x: x < 0.1),
+    ("y = x >= 2049", (HALVES,), lambda x: x >= 2049),
+    ("y = x < s", (HALVES, 0.3), lambda x, s: x < s),
+    ("y = x <= t", (HALVES, torch.tensor(0.3)), lambda x, t: x <= t),
+    ("y = a == x", (INTS, HALVES), lambda a, x: a == x),
+    ("y = a - x", (INTS, HALVES), lambda a, x: a - x),
+    ("y = x * a", (HALVES, INTS), lambda x, a: x * a),
+    ("y = maximum(a, x)", (INTS, HALVES), torch.maximum),
+    ("y = where(x > 1, a, x)", (HALVES, INTS), lambda x, a: torch.where(x > 1, a, x)),
+])
+def test_operands_promoted_to_a_16_bit_dtype_are_rounded_to_it(text, args, fn):
+    """torch casts an integer tensor to the 16-bit float it promotes to, and a comparison
+    rounds both sides to it (f16 0.1 == 0.1, f16 2048 >= 2049): so does kgen, which
+    otherwise computes 16-bit values in f32."""
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    got = kgen.compile(text)(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
 BINARY_SPECS = {
     "X + Y": lambda x, y: x + y, "X - Y": lambda x, y: x - y, "X * Y": lambda x, y: x * y,
     "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,

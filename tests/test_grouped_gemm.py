@@ -275,6 +275,39 @@ def test_table_rows_and_the_cache():
     assert again[0] is table          # the same tensors again: the same table, no second copy
 
 
+def test_kernels_of_one_module_do_not_share_tables():
+    """Two grouped kernels of one spec file, called with the same tensors, each get the table
+    and layout of their own parameters (names and roles swapped here)."""
+    ks = kgen.compile("kernel g1(A: [f16[M, K]], B: [f16[K, N]]) -> C: [f16[M, N]] { C = A @ B }\n"
+                      "kernel g2(B: [f16[M, K]], A: [f16[K, N]]) -> C: [f16[M, N]] { C = B @ A }\n"
+                      "kernel g3(X: [f16[M, K]], W: [f16[K, N]]) -> Y: [f16[M, N]] { Y = X @ W }")
+    h = torch.float16
+    a = [randn(5, 8, dtype=h), randn(7, 40, dtype=h)]
+    b = [randn(8, 3, dtype=h, layout="cols"), randn(40, 6, dtype=h, layout="cols")]
+    out = [torch.empty(5, 3, dtype=h, device=DEVICE), torch.empty(7, 6, dtype=h, device=DEVICE)]
+    for kernel in (ks.g1, ks.g2, ks.g3, ks.g1):
+        for c in out:
+            c.fill_(float("nan"))
+        got = kernel(a, b, out=out)
+        assert_group_close(got, [x.double() @ y.double() for x, y in zip(a, b)], a, b)
+
+
+def test_bool_tensors_in_a_group():
+    h = torch.float16
+    a, b = [randn(5, 8, dtype=h), randn(33, 3, dtype=h)], [randn(8, 6, dtype=h), randn(3, 40, dtype=h)]
+    positive = kgen.compile("kernel g(A: [f16[M, K]], B: [f16[K, N]]) -> C: [bool[M, N]] { C = (A @ B) > 0 }")
+    got = positive(a, b)
+    want = [(x.float() @ y.float()) > 0 for x, y in zip(a, b)]
+    for g, w, x, y in zip(got, want, a, b):
+        near_zero = (x.double() @ y.double()).abs() < 1e-2
+        assert g.dtype == torch.bool and torch.equal(g | near_zero, w | near_zero)
+    masks = [torch.rand(5, 6, device=DEVICE) > 0.5, torch.rand(33, 40, device=DEVICE) > 0.5]
+    keep = kgen.compile("kernel g(mk: [bool[M, N]], A: [f16[M, K]], B: [f16[K, N]]) -> C: [f16[M, N]] "
+                        "{ C = where(mk, A @ B, 0.0) }")
+    got = keep(masks, a, b)
+    assert_group_close(got, [torch.where(m, x.double() @ y.double(), 0.0) for m, x, y in zip(masks, a, b)], a, b)
+
+
 def test_layout_constexprs():
     k = compiled("C = A @ B")
     h = torch.float16
@@ -336,7 +369,7 @@ def tma_config(bm=32, bn=32, bk=16, group=2):
 
 @settings(deadline=None, max_examples=10)
 @given(st.lists(st.tuples(st.sampled_from([0, 1, 5, 33, 64]), st.sampled_from([8, 40, 64]),
-                          st.sampled_from([8, 24, 64])), min_size=1, max_size=5),
+                          st.sampled_from([0, 8, 24, 64])), min_size=1, max_size=5),
        st.sampled_from(["rows", "b cols", "a cols"]), st.sampled_from([tma_config(), tma_config(16, 64, 32, 1)]))
 def test_tma_variant_of_the_list_kernel(problems, layout, config):
     if layout == "a cols":      # A's rows are its contiguous axis: M a multiple of 8 halfs keeps it aligned

@@ -2,6 +2,7 @@
 was given, raised before any launch; compile() by text or path; the module cache."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,28 @@ def test_interpreter_is_announced_once(capfd, monkeypatch):
     rt.use_interpreter_if_no_gpu()
     err = capfd.readouterr().err
     assert err.count("TRITON_INTERPRET=1") == (0 if torch.cuda.is_available() else 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="kgen switches to the interpreter only without a CUDA device")
+def test_the_interpreter_runs_kernels_when_triton_was_imported_first(tmp_path):
+    # Triton imported before kgen sets TRITON_INTERPRET holds compiled library functions
+    # (tl.cdiv, tl.sum, ...), which interpreted kernels call: one kernel per pattern.
+    import subprocess
+    import sys
+    script = """if True:
+        import triton, triton.language
+        import torch, kgen
+        a, b = torch.randn(9, 5), torch.randn(5, 7)
+        for text, args, want in (("Y = X * sigmoid(X)", (a,), a * torch.sigmoid(a)),
+                                 ("Y = X - max(X)", (a,), a - a.amax(-1, keepdim=True)),
+                                 ("C = A @ B", (a, b), a @ b)):
+            torch.testing.assert_close(kgen.compile(text)(*args), want)
+        print("ok")
+    """
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], env={**env, "KGEN_CACHE_DIR": str(tmp_path)},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
 # one spec per pattern, and dense arguments for it: (list form?, shapes of its inputs)

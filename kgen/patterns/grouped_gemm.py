@@ -267,7 +267,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     shapes = {t: params[t].shape for t in low.tensors} | {o: low.out_shape for o in outputs}
     dtypes = {t: params[t].dtype for t in low.tensors} | {o.name: o.node.dtype for o in kir.outputs}
     operand_dtype = lhs.dtype
-    vector = 16 // (operand_dtype.bits // 8)
+    vector = 16 // operand_dtype.bytes
 
     # The metadata row: tile_end, M, N, K, the addresses, the strides (every axis of every tensor).
     columns = ["M", "N", "K"] + [f"&{t}" for t in names]
@@ -281,7 +281,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         stride_col += len(shapes[t])
     for t in names:
         dtype = dtypes[t]
-        hint = 16 // (dtype.bits // 8)
+        hint = 16 // dtype.bytes
         pointer = f"tl.load(row + {pointer_cols[t]}).to(tl.pointer_type({dtype.triton}))"
         strides = tuple(f"{t}_stride{ax} = 1 if {t}_UNIT == {ax} else "
                         f"_group_int(row + {stride_cols[t] + ax}, {hint} * ALIGNED, INT64)"
@@ -318,7 +318,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
-        vector=vector, operand_bytes=max(params[t].dtype.bits for t in low.tensors) // 8, scalars=low.scalars,
+        vector=vector, operand_bytes=max(params[t].dtype.bytes for t in low.tensors), scalars=low.scalars,
         units=units, width=len(columns),
         columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
         table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),

@@ -702,7 +702,7 @@ class _Planner:
             looped_tile_loads=tuple(o.load() for o in row_loaded),
             row_starts=_row_starts([o for o in operands if o.start]),
             shifted=tuple(o.name for o in operands if o.start),
-            vec=16 // min([_bytes(dtypes[o.name]) for o in operands if o.start], default=16),
+            vec=16 // min([dtypes[o.name].bytes for o in operands if o.start], default=16),
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
             split=split,
@@ -1066,15 +1066,11 @@ def _along_row(kir: KernelIR):
     return [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
 
 
-def _bytes(dtype) -> int:
-    return (dtype.bits + 7) // 8
-
-
 def _row_bytes(kir: KernelIR) -> int:
     """The widest element of a tensor that varies along the row (f32 rows: half the rows
     of f16 ones in a tile of TILE_BYTES)."""
     along = _along_row(kir) + [o.node.dtype for o in kir.outputs if o.node.shape and o.node.shape[-1] != 1]
-    return max(map(_bytes, along), default=4)
+    return max((dtype.bytes for dtype in along), default=4)
 
 
 def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
@@ -1121,7 +1117,7 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         narrower = f"({instead}, {maxnreg}) if NUM_WARPS == {asked} else None"
     stages = values.get("num_stages")
     # bytes of one column of every operand along the row: times the chunk, the pipeline's buffer per stage
-    column_bytes = max(1, (rows or 1) * sum(map(_bytes, _along_row(kir))))
+    column_bytes = max(1, (rows or 1) * sum(dtype.bytes for dtype in _along_row(kir)))
     chunk = block or CHUNK_N
     while block is None and stages is None and chunk > 1024 \
             and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
