@@ -789,6 +789,16 @@ def test_zero_sizes():
     assert Y.shape == (0, 5) and mu.shape == (0, 1) and rstd.shape == (0, 1)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_reductions_over_rows_of_no_columns():
+    """sum and mean as torch gives them; max and min their identities (torch's amax raises)."""
+    x = torch.empty(3, 0, device=DEVICE)
+    assert torch.equal(kgen.compile("m = sum(X)")(x), x.sum(-1, keepdim=True))
+    assert kgen.compile("m = mean(X)")(x).isnan().all() and x.mean(-1).isnan().all()
+    assert torch.equal(kgen.compile("m = max(X)")(x), torch.full((3, 1), -math.inf, device=DEVICE))
+    assert torch.equal(kgen.compile("m = min(X)")(x), torch.full((3, 1), math.inf, device=DEVICE))
+
+
 def test_out_with_strides():
     kernel = spec_kernel("softmax", None, None, "f32")
     X = torch.randn(5, 7, device=DEVICE)
