@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import builtins
 import keyword
+import math
 import re
 from dataclasses import dataclass
+
+import torch
 
 from . import dtypes as D
 from . import syntax as S
 from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
-from .ir import REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, topo_order, type_str
+from .reference import evaluate_node
+from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, topo_order, type_str
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,12 @@ def headerless_inputs(kernel: S.Kernel) -> tuple[tuple[str, ...], tuple[str, ...
             if name not in assigned and name not in inputs:
                 inputs.append(name)
             read_after.add(name)
-        if stmt.target.id in assigned or stmt.target.id in inputs:
+        if stmt.target.id in assigned:
             raise SpecError(f"'{stmt.target.id}' is assigned twice; give each value its own name",
                             stmt.target.span)
+        if stmt.target.id in inputs:   # an input, as it was read before this statement
+            raise SpecError(f"'{stmt.target.id}' is read before it is assigned, so it is an input; "
+                            f"an input cannot be assigned: give the value its own name", stmt.target.span)
         read_after.discard(stmt.target.id)
         assigned.append(stmt.target.id)
     used_later = set()
@@ -400,10 +407,10 @@ class _Checker:
         if isinstance(e, S.Neg):
             x = self.expr(e.operand, env)
             self._no_bool(x, "-", e.span)
-            return Node(Op.NEG, x.dtype, x.shape, (x,), None, e.span)
+            return _folded(Node(Op.NEG, x.dtype, x.shape, (x,), None, e.span))
         if isinstance(e, S.BinOp):
-            return self.binary(e, self.expr(e.left, env), self.expr(e.right, env))
-        return self.call(e, env)
+            return _folded(self.binary(e, self.expr(e.left, env), self.expr(e.right, env)))
+        return _folded(self.call(e, env))
 
     def binary(self, e: S.BinOp, a: Node, b: Node) -> Node:
         op = BINARY_OPS[e.op]
@@ -586,6 +593,31 @@ def _result_type(*nodes: Node) -> DType:
         if result is None or dtype.category > result.category:
             result = dtype
     return result
+
+
+def _folded(node: Node) -> Node:
+    """Math on numbers alone (``1 / 0``, ``65536 * 65536``, ``exp(1.0)``) as one constant, computed
+    as the reference evaluator computes it (floats in float64, integers exactly): left to the
+    kernel it would be Python's arithmetic at compile time, which raises on ``1 / 0`` and
+    leaves int32 on ``65536 * 65536``.  An integer result past int32 is a float, as the parser
+    reads ``2147483648``; a number cast to i32 must fit it."""
+    if node.op is Op.CAST and node.arg is D.I32 and node.inputs[0].op is Op.CONST:
+        value = node.inputs[0].arg
+        if not (math.isfinite(value) and -2**31 <= math.trunc(value) < 2**31):
+            raise SpecError(f"i32({value!r}) is outside int32", node.span)
+    if node.op not in POINTWISE or node.op is Op.CAST or any(i.op is not Op.CONST for i in node.inputs):
+        return node
+    operands = [torch.tensor(i.arg, dtype=torch.float64 if i.dtype.is_float else torch.int64 if i.dtype is D.I32
+                             else torch.bool) for i in node.inputs]
+    try:
+        value = evaluate_node(node, operands).item()
+    except (RuntimeError, ValueError, ZeroDivisionError) as e:
+        raise SpecError(f"cannot compute this from its numbers: {e}", node.span) from None
+    if node.dtype is D.BOOL:
+        return Node(Op.CONST, D.BOOL, (), (), bool(value), node.span)
+    if not node.dtype.is_float and -2**31 <= value < 2**31:
+        return Node(Op.CONST, D.I32, (), (), int(value), node.span)
+    return Node(Op.CONST, D.F32, (), (), float(value), node.span)
 
 
 def _promoted(x: Node, common: DType, compare: bool = False) -> Node:

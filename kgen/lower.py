@@ -8,6 +8,7 @@ source is in ``templates/macros.jinja``), so an operand is never computed twice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import dtypes as D
@@ -53,7 +54,7 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 }
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
-HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
+HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf", "pow_number",
            "max_combine", "min_combine", "num_sms", "tma_host", "launch_rows", "launch_split", "group_host")
 _NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
@@ -89,8 +90,15 @@ _SMALL_POWERS = {2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}
 _ROOT_POWERS = {0.5: Op.SQRT, -0.5: Op.RSQRT}
 
 
+def _number_power(node: Node) -> bool:
+    """x ** p for a Python-number p that is not a literal (a scalar argument, math on one)."""
+    return node.op is Op.POW and node.inputs[1].is_weak and node.inputs[1].op is not Op.CONST
+
+
 def helpers_for(nodes) -> tuple[str, ...]:
     needed = {h for n in nodes for h in _NEEDS.get(n.op, ())}
+    if any(_number_power(n) for n in nodes):
+        needed.add("pow_number")
     return tuple(h for h in HELPERS if h in needed)
 
 
@@ -100,6 +108,8 @@ def literal(value: int | float) -> str:
         return repr(value)
     if not isinstance(value, (int, float)):
         raise TypeError(f"not a numeric literal: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):   # a folded 1 / 0
+        return f'float("{value!r}")'
     return repr(int(value)) if isinstance(value, int) else repr(float(value))
 
 
@@ -134,15 +144,21 @@ class Printer:
             return text, UNARY if text.startswith("-") else ATOM
         if node.op is Op.CAST:
             fmt, prec, slots = (WEAK_CASTS if node.inputs[0].is_weak else CASTS)[node.arg]
-            if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32:
-                return self.expr(node.inputs[0])  # f32(x) of an f32 value
+            if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32 \
+                    and not node.inputs[0].is_weak:
+                return self.expr(node.inputs[0])  # f32(x) of an f32 tensor
+            # (a weak operand may be a Python number: i32(3) stays tl.cast(3, tl.int32), a typed value)
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _ROOT_POWERS:
             return self.expr(Node(_ROOT_POWERS[node.inputs[1].arg], node.dtype, node.shape, node.inputs[:1]))
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
             base, base_prec = self.expr(node.inputs[0])
             if base_prec == ATOM:
+                if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
+                    base, _ = self._to_f32(node.inputs[0], base, base_prec)
                 return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
             fmt, prec, slots = TRITON_OPS[Op.POW]
+        elif _number_power(node):
+            fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)
         elif node.op is Op.CLAMP:
             return self._clamp(node)
         elif node.op in TRITON_OPS:

@@ -17,7 +17,8 @@ from lark import Lark, Token, Transformer, v_args
 from . import syntax as S
 from .errors import Span, SpecError
 
-_HEADER = re.compile(r"\A(\s|#[^\n]*)*(kernel|schedule)\s+[^\W\d]")
+# a comment is consumed to its line's end, so "# kernel to scale x" does not start a header
+_HEADER = re.compile(r"\A(?:\s|#[^\n]*(?:\n|\Z))*(kernel|schedule)\s+[^\W\d]")
 _OPENERS, _CLOSERS = {"LPAR", "LSQB"}, {"RPAR", "RSQB"}
 
 # What a user calls each terminal in an "expected ..." message.
@@ -66,6 +67,7 @@ def parse(text: str, path: str = "<string>") -> S.Module:
         raise _unwrapped(e, text, path) from None
     except RecursionError:
         raise too_deep(text, path) from None
+    _check_tree_depth(tree, text, path)
     try:
         built = _Builder(text, path).transform(tree)
     except lark.exceptions.VisitError as e:
@@ -86,6 +88,19 @@ def parse(text: str, path: str = "<string>") -> S.Module:
 # Generated code nests about one bracket per level of a statement, and Python's parser
 # takes at most 200 nested brackets: deeper statements are refused here, at their span.
 MAX_DEPTH = 150
+
+
+def _check_tree_depth(tree: lark.Tree, text: str, path: str) -> None:
+    """A statement far past the limit, refused at its span before the builder recurses into it
+    (``y + y + ... + y`` a thousand times deep would exhaust Python's stack there); the parse
+    tree has at most two levels per syntax-tree level, so this never refuses what
+    _check_depth would take."""
+    depth: dict[int, int] = {}
+    for sub in tree.iter_subtrees():   # children before their parents, without recursion
+        depth[id(sub)] = 1 + max((depth[id(c)] for c in sub.children if isinstance(c, lark.Tree)), default=0)
+        if sub.data == "stmt" and depth[id(sub)] > 2 * MAX_DEPTH:
+            raise SpecError(f"this statement nests expressions more than {MAX_DEPTH} levels deep; "
+                            f"split it into several statements", _span(sub.meta, path, text))
 
 
 def _check_depth(stmt: S.Assign) -> None:

@@ -97,6 +97,11 @@ def _evaluate(kir: KernelIR, args: dict, exact: bool) -> tuple:
     return tuple(values[id(o.node)] for o in kir.outputs)
 
 
+def evaluate_node(node: Node, operands: list):
+    """One pointwise node of the exact reference on ``operands`` (tensors or numbers)."""
+    return _eval(node, operands, {}, exact=True)
+
+
 def _eval(node: Node, operands: list, args: dict, exact: bool):
     if node.op is Op.INPUT:
         x = args[node.arg]
@@ -120,6 +125,10 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
         result = REFERENCE_OPS[node.op](operands[0], node.arg)
     elif node.op is Op.CLAMP:
         result = _clamp(node)(*operands)
+    elif node.op is Op.POW and node.inputs[1].is_weak and isinstance(operands[1], torch.Tensor):
+        # math on numbers came back a 0-dim tensor; torch takes a Python number exponent
+        # its own way (x ** 0.5 is sqrt(x)), as the user's x ** (p * 2) would be
+        result = torch.pow(operands[0], operands[1].item())
     elif node.op is Op.WHERE and not isinstance(operands[0], torch.Tensor):   # a bool scalar parameter
         result = torch.where(torch.tensor(operands[0]), *operands[1:])
     else:

@@ -291,8 +291,8 @@ class HeaderlessKernel:
                 if len(k[1]) > 4:
                     raise CallError(f"{name}: tensors of rank {len(k[1])} are not supported (at most 4)")
                 types.append(Arg(D.BY_TORCH[k[0]], k[1], is_list=len(k) > 2))
-            elif k in (int, float):
-                types.append(Arg(D.F32 if k is float else D.I32, None))
+            elif k in (bool, int, float):
+                types.append(Arg({bool: D.BOOL, int: D.I32, float: D.F32}[k], None))
             else:
                 raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
         generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})

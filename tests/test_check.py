@@ -201,7 +201,7 @@ def test_headerless_inputs_and_outputs_order():
 def test_headerless_a_name_read_before_assignment_is_an_input():
     (k,) = parse("Y = X + 1\nX2 = Y * X").kernels
     assert headerless_inputs(k) == (("X",), ("X2",))
-    with pytest.raises(SpecError, match="assigned twice"):
+    with pytest.raises(SpecError, match="'X' is read before it is assigned, so it is an input"):
         headerless_inputs(parse("Y = X + 1\nX = Y").kernels[0])
 
 

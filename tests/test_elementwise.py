@@ -868,3 +868,56 @@ def test_bf16_casts():
     k = kgen.compile("Y = bf16(X * 3) + f32(X)")
     assert_matches(k(x), (x.double() * 3).bfloat16().double() + x.double())
     assert kgen.compile("Y = silu(X) * X")(x).dtype == torch.bfloat16
+
+
+_I32 = torch.int32
+
+
+@pytest.mark.parametrize("text, args, fn", [
+    # casts of numbers are typed values (0-dim tensors), never Python numbers in the kernel
+    ("y = x * i32(3)", (torch.tensor([1., 2.], dtype=torch.float16),),
+     lambda x: x * torch.tensor(3, dtype=_I32)),
+    ("y = x + f16(i32(3))", (torch.tensor([1., 2.], dtype=torch.float16),),
+     lambda x: x + torch.tensor(3, dtype=_I32).half()),
+    ("y = x + exp(i32(2))", (torch.tensor([1., 2.]),), lambda x: x + torch.exp(torch.tensor(2, dtype=_I32))),
+    ("y = x + f16(f32(1.5))", (torch.tensor([1., 2.]),), lambda x: x + torch.tensor(1.5).half()),
+    ("y = f32(0.0) ** x", (torch.tensor([0., 1., -2.]),), lambda x: torch.tensor(0.0) ** x),
+    # an integer tensor to a small float power is squared in f32, not in int32
+    ("y = c ** 2.0", (torch.tensor([3, -7, 50000], dtype=_I32),), lambda c: c ** 2.0),
+    ("y = (c ** 3.0) ** 0.5", (torch.tensor([3, 7, 2000], dtype=_I32),), lambda c: (c ** 3.0) ** 0.5),
+    # math on numbers alone: torch's values (1 / 0 is inf), not Python's errors at compile time
+    ("y = x * (1 / 0)", (torch.tensor([1., -2.]),), lambda x: x * math.inf),
+    ("y = x + 0.0 * (1 / 0)", (torch.tensor([1., -2.]),), lambda x: x + math.nan),
+    ("y = x * (65536 * 65536)", (torch.tensor([1., -2.]),), lambda x: x * 65536 * 65536),
+    ("y = x + (2147483647 + 1)", (torch.tensor([1, 2], dtype=_I32),), lambda x: x + 2147483648.0),
+    ("y = x * exp(1.0) - (-(2 ** 0.5))", (torch.tensor([1., -2.]),), lambda x: x * math.e + 2 ** 0.5),
+    ("y = where(1 < 2, x, 0.0)", (torch.tensor([1., -2.]),), lambda x: x),
+])
+def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
+    """Math on numbers alone is folded as the reference computes it, so the kernel never
+    evaluates Python arithmetic on numbers (which raised on 1 / 0 and left int32 on
+    65536 * 65536), and a cast number is a typed value: both agree with torch."""
+    args = tuple(a.to(DEVICE) for a in args)
+    got = kgen.compile(text)(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+
+
+@pytest.mark.parametrize("text", ["y = x ** p", "y = x ** (p * 1.0)"])
+@pytest.mark.parametrize("p", [0.5, -0.5, 1.5, 2.0, -1.0])
+def test_a_number_exponent_computes_as_torch_takes_one(text, p):
+    """torch takes a Python-number exponent its own way (x ** 0.5 is sqrt(x): (-inf) ** 0.5
+    is NaN, (-0.0) ** 0.5 is -0.0, where a tensor exponent gives IEEE pow's inf and 0.0);
+    a scalar argument is such a number, as is math on one."""
+    x = special_values(torch.float32)
+    got = kgen.compile(text)(x, p)
+    want = (x.double() ** p).float()
+    assert torch.allclose(got, want, rtol=1e-5, atol=0, equal_nan=True), (x, got, want)
+    finite_zero = (want == 0)
+    assert torch.equal(torch.signbit(got[finite_zero]), torch.signbit(want[finite_zero]))
+
+
+def test_a_comment_that_says_kernel_does_not_start_a_header():
+    x = torch.randn(5, device=DEVICE)
+    for text in ("# kernel to scale x\ny = x * 2", "#kernel y\ny = x * 2", "# schedule: none\ny = x * 2"):
+        assert torch.equal(kgen.compile(text)(x), x * 2), text

@@ -71,6 +71,8 @@ CASES = [
     # --- definitions ----------------------------------------------------------------
     ("duplicate assignment", K("Z = X\n    Z = X + 1\n    Y = Z"), 3, 5, "'Z' is already assigned", SpecError),
     ("duplicate headerless assignment", "Y = X\nY = X + 1", 2, 1, "'Y' is assigned twice", SpecError),
+    ("headerless input assigned", "Y = X + 1\nX = Y", 2, 1, "'X' is read before it is assigned", SpecError),
+    ("number cast past int32", "Y = X + i32(1e10)", 1, 9, "i32(10000000000.0) is outside int32", SpecError),
     ("assigning a parameter", K("X = X + 1\n    Y = X"), 2, 5, "'X' is a parameter", SpecError),
     ("output never assigned", K("Z = X"), 1, 27, "output 'Y' is never assigned", SpecError),
     ("empty body", "kernel f(X: f16[N]) -> Y {\n}\n", 1, 24, "output 'Y' is never assigned", SpecError),
@@ -184,11 +186,16 @@ def test_kinds_are_kgen_errors():
     assert issubclass(UnsupportedError, SpecError)
 
 
-def test_deep_nesting_is_a_spec_error():
-    with pytest.raises(SpecError, match="too deeply"):
-        build("Y = " + "exp(" * 1500 + "X" + ")" * 1500)
-    with pytest.raises(SpecError, match="too deeply"):
-        build("Y = X" + " + X" * 5000)
+@pytest.mark.parametrize("statement", ["Y = " + "exp(" * 1500 + "X" + ")" * 1500, "Y = X" + " + X" * 5000])
+def test_deep_nesting_is_a_spec_error_at_its_statement(statement):
+    """Past what the syntax tree's builder could recurse into: still at the statement, in a
+    headerless spec and in a declared kernel."""
+    with pytest.raises(SpecError, match="nests expressions more than") as info:
+        build("t = X * 2\n" + statement)
+    assert (info.value.span.line, info.value.span.col) == (2, 1)
+    with pytest.raises(SpecError, match="nests expressions more than") as info:
+        generate(K("t = X * 2\n    " + statement), PATH)
+    assert (info.value.span.line, info.value.span.col) == (3, 5)
 
 
 @pytest.mark.parametrize("nest, levels", [(lambda s: f"X - ({s})", 1), (lambda s: f"sin({s})", 1),
