@@ -177,15 +177,18 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
 
 
 def _same_rows(checker: _Checker, kir: KernelIR) -> None:
-    """Headerless row reductions: each value as wide as a reduced row takes that row's
-    length (``z - mean(x)``: z's rows are x's), as the row-reduction kernel needs; the
-    call then checks the sizes."""
+    """Headerless row reductions: every value's axes, aligned from the right as torch
+    broadcasts them, take the reduced rows' (``z - mean(x)``: z's rows are x's; ``sum(w)``
+    beside ``max(x)``: w is as long as x's rows), as the row-reduction kernel computes one
+    row space; the call then checks the sizes."""
     nodes = topo_order(o.node for o in kir.outputs)
     for r in nodes:
-        if r.op in REDUCTIONS and isinstance(r.inputs[0].shape[-1], str) and r.arg == len(r.inputs[0].shape) - 1:
+        if r.op in REDUCTIONS and r.arg == len(r.inputs[0].shape) - 1:
+            rows = r.inputs[0].shape
             for n in nodes:
-                if len(n.shape) == len(r.inputs[0].shape) and isinstance(n.shape[-1], str):
-                    checker._unify(r.inputs[0].shape[-1], n.shape[-1])
+                for mine, theirs in zip(reversed(n.shape), reversed(rows)):
+                    if isinstance(mine, str) and isinstance(theirs, str):
+                        checker._unify(theirs, mine)
 
 
 def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:

@@ -753,10 +753,13 @@ def test_online_sums_of_an_all_neg_inf_row_are_nan_as_in_torch(chunk, monkeypatc
 
 @pytest.mark.parametrize("text, shapes", [("Y = Z - mean(X)", [(4, 9), (4, 9)]),
                                           ("Y = mean(X) + mean(Z)", [(4, 9), (4, 9)]),
-                                          ("Y = sum(X) + W", [(4, 9), (9,)])])
+                                          ("Y = sum(X) + W", [(4, 9), (9,)]),
+                                          ("Y = X - max(X) + sum(W)", [(4, 9), (9,)]),
+                                          ("Y = X - max(X) + max(W - relu(S))", [(4, 9), (9,), (4, 1)])])
 def test_headerless_values_beside_a_reduction_share_its_rows(text, shapes):
-    """In the headerless form a value as wide as a reduced row takes that row's length
-    (the row kernel needs one length); a call whose widths differ is a CallError."""
+    """In the headerless form every value's axes, aligned from the right, take the reduced
+    rows' (the row kernel computes one row space: a vector reduced beside the rows is as long
+    as they are, a column [M, 1] has their M); a call whose widths differ is a CallError."""
     kernel = kgen.compile(text)
     g = torch.Generator().manual_seed(3)
     args = [torch.randn(*s, generator=g).to(DEVICE) for s in shapes]
