@@ -195,19 +195,15 @@ def run_once(args) -> int:
     known = {s for kernel in kernels for s in symbols(kernel.ir)}
     for kernel in kernels:
         sizes = sizes_for(kernel.ir, parse_shape(args.shape), known=known)
-        try:
-            inputs = make_inputs(kernel.ir, sizes, device, None, args.seed)
-        except (RuntimeError, MemoryError) as e:   # torch's "can't allocate memory", CUDA out of memory
-            raise KgenError(f"cannot make inputs of {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
-                            f"{str(e).splitlines()[0][:160]}") from None
+        shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, device, None, args.seed)
         ordered = [inputs[n] for n in kernel.inputs]
         start = time.perf_counter()
-        got = _outputs_tuple(kernel(*ordered))
+        got = _outputs_tuple(_allocating(f"make outputs of {shape_text}", kernel, *ordered))
         if not interpreted:
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        want = evaluate(kernel.ir, inputs)
-        shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        want = _allocating(f"evaluate the reference of {shape_text}", evaluate, kernel.ir, inputs)
         print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
               f" with {shape_text or 'scalars'}:")
         for name, g, w in zip(kernel.outputs, got, want):
@@ -227,6 +223,16 @@ def run_once(args) -> int:
             ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
             print(f"  time: {ms * 1e3:.1f} us")
     return 0
+
+
+def _allocating(what: str, fn, *args):
+    """``fn(*args)``, where the sizes came from --shape: torch's "can't allocate memory" (or a
+    size past what it can count, or CUDA out of memory) is a KgenError saying what could not be
+    made.  Launch failures are KgenErrors already: a RuntimeError here comes from torch."""
+    try:
+        return fn(*args)
+    except (RuntimeError, MemoryError) as e:
+        raise KgenError(f"cannot {what}: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
 
 
 def _bytes(tensors) -> int:

@@ -7,6 +7,7 @@ eagerly and under ``torch.compile``.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -57,6 +58,26 @@ def _binary_tensor(fn):
     return apply
 
 
+def _extreme(x: torch.Tensor, axis: int, largest: bool) -> torch.Tensor:
+    """``amax``/``amin`` keeping the axis; over an axis of 0 elements, where torch raises, the
+    reduction's identity, as the kernels give it (max: -inf, or the dtype's least value)."""
+    if x.shape[axis] != 0:
+        return x.amax(axis, keepdim=True) if largest else x.amin(axis, keepdim=True)
+    shape = list(x.shape)
+    shape[axis] = 1
+    return torch.full(shape, _identity(x.dtype, largest), dtype=x.dtype, device=x.device)
+
+
+def _identity(dtype: torch.dtype, largest: bool) -> float | int | bool:
+    """The value no element can be below (for max) or above (for min)."""
+    if dtype.is_floating_point:
+        return -math.inf if largest else math.inf
+    if dtype == torch.bool:
+        return not largest
+    info = torch.iinfo(dtype)
+    return info.min if largest else info.max
+
+
 REFERENCE_OPS = {
     Op.NEG: torch.neg, Op.ABS: torch.abs, Op.EXP: torch.exp, Op.EXP2: torch.exp2,
     Op.LOG: torch.log, Op.LOG2: torch.log2, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt,
@@ -71,8 +92,8 @@ REFERENCE_OPS = {
     Op.NE: operator.ne,
     Op.WHERE: torch.where,
     Op.SUM: lambda x, axis: x.sum(axis, keepdim=True),
-    Op.MAX: lambda x, axis: x.amax(axis, keepdim=True),
-    Op.MIN: lambda x, axis: x.amin(axis, keepdim=True),
+    Op.MAX: lambda x, axis: _extreme(x, axis, largest=True),
+    Op.MIN: lambda x, axis: _extreme(x, axis, largest=False),
     Op.MEAN: lambda x, axis: x.mean(axis, keepdim=True),
     Op.MATMUL: torch.matmul,
 }

@@ -402,12 +402,21 @@ def compile_text(text: str, path: str):
     return kernels[0] if len(kernels) == 1 else Kernels((k.name, k) for k in kernels)
 
 
-def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
-    """Generate ``<out_dir>/<stem>.py`` (default ``generated/``) from a ``.k`` file, atomically."""
+def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """Generate ``<out_dir>/<stem>.py`` (default ``generated/``) from a ``.k`` file, atomically,
+    with ``kgen build``'s checks: a file kgen did not generate is overwritten only with
+    ``force=True``; an ``out_dir`` that is a file or a module's path, or a target that is a
+    folder, is a KgenError, as is a failed write."""
+    from .targets import check_out_name, write_problems, write_target   # here: kgen.targets imports this module
+    out = Path(out_dir or "generated")
+    check_out_name(out, "out_dir")
     text, shown = read_spec(Path(path))
     generated = generate(text, shown)
-    target = Path(out_dir or "generated") / (Path(path).stem + ".py")
-    write_atomic(target, generated.source)
+    target = out / (Path(path).stem + ".py")
+    problems = write_problems(out, [target], force, "pass force=True")
+    if problems:
+        raise KgenError("; ".join(problems))
+    write_target(target, generated.source)
     return target
 
 

@@ -278,6 +278,38 @@ def test_run_checks_a_kernel_against_the_reference(project, capsys):
     assert "with N=128" in out and "z: torch.float32 (128,)  max abs error" in out
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_run_over_rows_of_no_columns(project, capsys, name):
+    """max over 0 columns: the reference gives the kernel's -inf, where torch's amax raises."""
+    assert main(["run", str(ROOT / "specs" / f"{name}.k"), "--shape", "M=4,N=0"]) == 0
+    assert "Y: torch.float16 (4, 0)  max abs error 0" in capsys.readouterr().out
+
+
+BIG = "kernel big(S: f32[M, 1], W: f32[N]) -> Y: f32[M, N] {\n    Y = S + W - max(S + W)\n}\n"
+
+
+def test_run_says_which_outputs_it_cannot_make(project, capsys):
+    """Small inputs, outputs of 2**48 elements (1 PiB: past any address space, so no
+    allocator can grant it lazily): an error, not torch's RuntimeError."""
+    (project / "specs" / "big.k").write_text(BIG)
+    assert main(["run", "specs/big.k", "--shape", "M=2**24,N=2**24"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot make outputs of M=16777216, N=16777216: ") and "Traceback" not in err
+
+
+def test_run_says_when_the_reference_cannot_be_evaluated(project, capsys, monkeypatch):
+    """The float64 reference takes twice an f32 output's memory: its allocation failing is
+    an error too (stood in for by an evaluator that fails as torch's allocator does)."""
+    import kgen.bench
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 64 bytes")
+    monkeypatch.setattr(kgen.bench, "evaluate", out_of_memory)
+    assert main(["run", "specs/vector_add.k", "--shape", "N=8"]) == 1
+    assert "error: cannot evaluate the reference of N=8: DefaultCPUAllocator" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("shape, message", [
     ("N=-3", "expected NAME=SIZE"), ("N=abc", "expected NAME=SIZE"), ("N=2**100000000", "SIZE < 2**40"),
     ("N=2**-1", "expected NAME=SIZE"), ("Q=3", "Q is not a dimension of vector_add (its dimensions: N)"),
@@ -362,3 +394,54 @@ def test_a_symlinked_spec_is_named_as_linked(project, capsys):
     (project / "specs" / "link.k").symlink_to("sub/one.k")
     assert main(["build", "specs/link.k", "-o", "out"]) == 0
     assert "from specs/link.k" in (project / "out" / "link.py").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("paths", [
+    ["specs/vector_add.k", "specs/vector_add.k"], ["specs", "specs/vector_add.k"],
+    ["./specs/vector_add.k", "specs/../specs/vector_add.k"],
+], ids=["twice", "folder-and-file", "spelled-differently"])
+def test_a_spec_named_twice_is_built_once(project, capsys, paths):
+    assert main(["build", *paths, "-o", "g"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("wrote g/vector_add.py") == 1
+    assert "from specs/vector_add.k" in (project / "g" / "vector_add.py").read_text().splitlines()[0]
+    assert main(["build", *paths, "-o", "g", "--check"]) == 0
+    assert "generated file(s) up to date" in capsys.readouterr().out
+
+
+def test_a_link_of_another_name_still_builds_its_own_module(project, capsys):
+    (project / "specs" / "link.k").symlink_to("vector_add.k")
+    assert main(["build", "specs", "specs/link.k", "-o", "g"]) == 0
+    assert sorted(p.name for p in (project / "g").iterdir()) == sorted(
+        [n.replace(".k", ".py") for n in ELEMENTWISE] + ["link.py"])
+    assert main(["build", "specs", "-o", "g", "--check"]) == 0
+
+
+def test_a_failed_build_says_what_failed(project, capsys):
+    """Targets two specs would write are not failed specs; both kinds are counted apart."""
+    (project / "a").mkdir()
+    shutil.copy(project / "specs" / "vector_add.k", project / "a" / "vector_add.k")
+    assert main(["build", "specs", "a", "-o", "out"]) == 1
+    err = capsys.readouterr().err
+    assert "error: specs/vector_add.k and a/vector_add.k would both write out/vector_add.py" in err
+    assert "1 target(s) cannot be written; nothing was written" in err and "spec(s) failed" not in err
+    (project / "a" / "broken.k").write_text(BAD)
+    assert main(["build", "specs", "a", "-o", "out"]) == 1
+    assert "1 spec(s) failed and 1 target(s) cannot be written; nothing was written" in capsys.readouterr().err
+    (project / "a" / "vector_add.k").unlink()
+    assert main(["build", "specs", "a", "-o", "out"]) == 1
+    err = capsys.readouterr().err
+    assert "1 spec(s) failed; nothing was written" in err and "target(s)" not in err
+    assert not (project / "out").exists()
+
+
+@pytest.mark.parametrize("check", [[], ["--check"]])
+def test_out_naming_a_module_is_refused(project, capsys, check):
+    """-o takes a folder: -o out/vector_add.py would make a folder of that name."""
+    assert main(["build", "specs/vector_add.k", "-o", "out/vector_add.py", *check]) == 1
+    err = capsys.readouterr().err
+    assert "error: out/vector_add.py: -o takes a folder" in err and "try -o out" in err
+    assert not (project / "out").exists()
+    (project / "odd.py").mkdir()   # a folder that exists is a folder, whatever its name
+    assert main(["build", "specs/vector_add.k", "-o", "odd.py"]) == 0
+    assert (project / "odd.py" / "vector_add.py").is_file()

@@ -592,6 +592,14 @@ def test_force_chunk_environment_knob(monkeypatch):
         kgen.compile(text + "\n")
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0662", "8.0", "-8"])
+def test_a_forced_chunk_that_is_not_ascii_digits_is_a_kgen_error(monkeypatch, value):
+    """'²' passes str.isdigit() but not int(): a KgenError naming the knob, not a ValueError."""
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", value)
+    with pytest.raises(KgenError, match=f"KGEN_FORCE_CHUNK={value!r}: expected a power of two"):
+        kgen.compile((SPECS / "softmax.k").read_text() + f"\n# {value!r}\n")
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm"])
 def test_online_softmax_and_variance_take_one_sweep(name):
     """The looped kernel finds exp(X - max(X)) / sum(...) and mean((X - mean(X)) ** 2) and
@@ -800,6 +808,26 @@ def test_reductions_over_rows_of_no_columns():
     assert kgen.compile("m = mean(X)")(x).isnan().all() and x.mean(-1).isnan().all()
     assert torch.equal(kgen.compile("m = max(X)")(x), torch.full((3, 1), -math.inf, device=DEVICE))
     assert torch.equal(kgen.compile("m = min(X)")(x), torch.full((3, 1), math.inf, device=DEVICE))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("text", [
+    "kernel extremes(X: f32[M, N], I: i32[M, N]) -> (hi: f32[M, 1], lo: f16[M, 1], top: i32[M, 1], "
+    "bottom: i32[M, 1]) {\n  hi = max(X)\n  lo = f16(min(X))\n  top = max(I)\n  bottom = min(I)\n}",
+    "kernel shifted(X: f32[M, N]) -> (Y: f32[M, N], m: f32[M, 1]) {\n  m = max(X)\n  Y = exp(X - m)\n}",
+    (SPECS / "softmax.k").read_text(), (SPECS / "log_softmax.k").read_text(),
+], ids=["extremes", "shifted", "softmax", "log_softmax"])
+def test_the_reference_over_rows_of_no_columns_gives_what_the_kernels_give(text):
+    """kgen run compares a kernel with ``evaluate``: over rows of 0 columns its max and min
+    are the kernels' identities (-inf, +inf, the int32 extremes), not torch's IndexError."""
+    kernel = kgen.compile(text)
+    args = {p.name: torch.empty(3, 0, device=DEVICE, dtype=p.dtype.torch) for p in kernel.ir.params}
+    got = kernel(**args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = evaluate(kernel.ir, args)
+    for name, g, w in zip(kernel.outputs, got, want):
+        assert tuple(w.shape) == tuple(g.shape), name
+        assert torch.equal(w.to(g.dtype), g), (name, w, g)
 
 
 def test_out_with_strides():

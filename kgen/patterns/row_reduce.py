@@ -1091,7 +1091,7 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         values[key] = v
     forced = os.environ.get(FORCE_CHUNK, "").strip()
     if forced:
-        if not forced.isdigit() or int(forced) <= 0 or int(forced) & (int(forced) - 1):
+        if not (forced.isascii() and forced.isdigit()) or int(forced) <= 0 or int(forced) & (int(forced) - 1):
             raise KgenError(f"{FORCE_CHUNK}={forced!r}: expected a power of two (the column chunk of "
                             f"row reductions)")
         values["BLOCK_N"] = int(forced)
