@@ -235,7 +235,8 @@ def _check_schedules(module: S.Module) -> None:
 SCHEDULE_LIMITS = {"num_warps": (1, 32), "num_stages": (1, 16), "BLOCK": (1, 2**20)}  # BLOCK*: Triton's largest tensor
 
 
-def _schedule_for(module: S.Module, name: str) -> dict[str, tuple]:
+def _schedule_for(module: S.Module, name: str) -> tuple[dict[str, tuple], dict[str, tuple[Span, tuple[Span, ...]]]]:
+    """(key -> candidates, key -> (the entry's span, each value's span)) of ``name``'s schedule."""
     for s in module.schedules:
         if s.kernel.id == name:
             for c in s.choices:
@@ -246,9 +247,9 @@ def _schedule_for(module: S.Module, name: str) -> dict[str, tuple]:
                         shown = v.text if isinstance(v, S.Number) else v.id
                         raise SpecError(f"{c.key.id} takes integers from {limits[0]} to {limits[1]}, got {shown[:24]}",
                                         v.span)
-            return {c.key.id: tuple(v.value if isinstance(v, S.Number) else v.id for v in c.values)
-                    for c in s.choices}
-    return {}
+            return ({c.key.id: tuple(v.value if isinstance(v, S.Number) else v.id for v in c.values)
+                     for c in s.choices}, {c.key.id: (c.span, tuple(v.span for v in c.values)) for c in s.choices})
+    return {}, {}
 
 
 def is_reserved(name: str) -> bool:
@@ -309,7 +310,8 @@ class _Checker:
                 self.order.append(d)
 
     # --- kernel ---------------------------------------------------------------
-    def kernel(self, k: S.Kernel, schedule: dict[str, tuple]) -> KernelIR:
+    def kernel(self, k: S.Kernel, schedule: tuple[dict[str, tuple], dict]) -> KernelIR:
+        """``schedule``: ``_schedule_for``'s candidates and spans."""
         check_name(k.name, "kernel")
         env: dict[str, Node] = {}
         params = []
@@ -352,8 +354,8 @@ class _Checker:
             raise SpecError("the kernel has no outputs", k.span)
         if len({o.name for o in outputs}) != len(outputs):
             raise SpecError("an output is listed twice", k.span)
-        return KernelIR(k.name.id, tuple(params), tuple(stmts), tuple(outputs), schedule, nodes,
-                        k.headerless, self.module.path, self.module.text, k.span)
+        return KernelIR(k.name.id, tuple(params), tuple(stmts), tuple(outputs), schedule[0], nodes,
+                        k.headerless, self.module.path, self.module.text, k.span, schedule[1])
 
     def _param(self, p: S.Param) -> Param:
         t = p.type

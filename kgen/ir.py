@@ -7,7 +7,7 @@ identity, so a node reached twice is one value computed once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .dtypes import DType
@@ -97,6 +97,17 @@ class KernelIR:
     path: str
     text: str
     span: Span | None = None
+    # key -> (the entry's span, each value's span), from the schedule section: errors point there
+    schedule_spans: dict[str, tuple[Span, tuple[Span, ...]]] = field(default_factory=dict)
+
+    def schedule_span(self, key: str, value: object = None) -> Span | None:
+        """Where the schedule sets ``key``: at ``value`` (its first occurrence) when given and
+        listed, else the whole entry; the kernel's header for a key the schedule does not set."""
+        if key not in self.schedule_spans:
+            return self.span
+        entry, values = self.schedule_spans[key]
+        given = self.schedule.get(key, ())
+        return values[given.index(value)] if value is not None and value in given else entry
 
 
 def type_str(dtype: DType, shape: Shape | None) -> str:

@@ -286,6 +286,13 @@ def test_run_over_rows_of_no_columns(project, capsys, name):
     assert "Y: torch.float16 (4, 0)  max abs error 0" in capsys.readouterr().out
 
 
+def test_run_in_f32_a_gemm_whose_schedule_lists_tma(project, capsys):
+    """matmul_leaky_relu's schedule lists TMA = [0, 1]: f32 operands take the tiled candidates."""
+    assert main(["run", str(ROOT / "specs" / "matmul_leaky_relu.k"), "--dtype", "f32",
+                 "--shape", "M=32,K=32,N=32"]) == 0
+    assert "C: torch.float32 (32, 32)  max abs error" in capsys.readouterr().out
+
+
 BIG = "kernel big(S: f32[M, 1], W: f32[N]) -> Y: f32[M, N] {\n    Y = S + W - max(S + W)\n}\n"
 
 

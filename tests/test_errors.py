@@ -31,6 +31,16 @@ def K(body: str, params: str = "X: f16[M, N]", out: str = "Y: f16[M, N]", tail: 
     return f"kernel f({params}) -> {out} {{\n    {body}\n}}\n{tail}"
 
 
+def scheduled(*settings: str, kind: str = "gemm", dtype: str = "f16", body: str = "") -> str:
+    """A kernel of one pattern whose schedule sets ``settings``, the first on line 5, column 5."""
+    tail = "schedule f {\n" + "".join(f"    {s}\n" for s in settings) + "}\n"
+    t = f"{dtype}[M, K]", f"{dtype}[K, N]", f"{dtype}[M, N]"
+    return {"gemm": lambda: K(body or "C = A @ B", f"A: {t[0]}, B: {t[1]}", f"C: {t[2]}", tail),
+            "grouped": lambda: K(body or "C = A @ B", f"A: [{t[0]}], B: [{t[1]}]", f"C: [{t[2]}]", tail),
+            "elementwise": lambda: K(body or "Y = X * 2", tail=tail),
+            "rows": lambda: K(body or "Y = sum(X, axis=-1)", out="Y: f16[M, 1]", tail=tail)}[kind]()
+
+
 CASES = [
     # --- syntax ---------------------------------------------------------------------
     ("unexpected token", K("Y = X + )"), 2, 13, "unexpected ')'", SpecError),
@@ -122,10 +132,45 @@ CASES = [
      "'BLOCK_SIZE' is set twice", SpecError),
     ("two schedules", K("Y = X", tail="schedule f {\n}\nschedule f {\n}\n"), 6, 10, "has two schedule sections",
      SpecError),
-    ("schedule key unknown to the pattern", K("Y = X", tail="schedule f {\n    BLOK_SIZE = 64\n}\n"), 1, 1,
+    # a pattern's schedule checks: at the value, or at the entry when it is about the whole entry
+    ("schedule key unknown to the pattern", K("Y = X", tail="schedule f {\n    BLOK_SIZE = 64\n}\n"), 5, 5,
      "not 'BLOK_SIZE'", SpecError),
-    ("schedule value not a power of two", K("Y = X", tail="schedule f {\n    BLOCK_SIZE = [64, 96]\n}\n"), 1, 1,
+    ("schedule value not a power of two", K("Y = X", tail="schedule f {\n    BLOCK_SIZE = [64, 96]\n}\n"), 5, 23,
      "BLOCK_SIZE must be a power of two, got 96", SpecError),
+    ("elementwise num_warps", scheduled("num_warps = 3", kind="elementwise"), 5, 17,
+     "num_warps must be a power of two, got 3", SpecError),
+    ("GEMM SPLIT_K of 0", scheduled("BLOCK_M = [64, 128]", "SPLIT_K = 0"), 6, 15,
+     "SPLIT_K takes positive integers, got 0", SpecError),
+    ("GEMM tile too small", scheduled("BLOCK_M = 8"), 5, 15,
+     "BLOCK_M must be a power of two of at least 16 (tl.dot's smallest tile), got 8", SpecError),
+    ("GEMM num_warps", scheduled("num_warps = [4, 6]"), 5, 21, "num_warps must be a power of two, got 6",
+     SpecError),
+    ("GEMM key unknown", scheduled("BLOCK_Q = 64"), 5, 5, "in their schedule, not 'BLOCK_Q'", SpecError),
+    ("GEMM input_precision", scheduled("input_precision = bf16", dtype="f32"), 5, 23,
+     "input_precision takes one of tf32, tf32x3, ieee, got bf16", SpecError),
+    ("GEMM TMA not a flag", scheduled("TMA = [0, 2]"), 5, 15, "TMA takes 0 or 1, got 0, 2", SpecError),
+    ("GEMM TMA of f32", scheduled("TMA = 1", dtype="f32"), 5, 11,
+     "TMA = 1 needs 2-D 16-bit operands read as they are", SpecError),
+    ("GEMM WS without TMA", scheduled("WS = 1"), 5, 10, "they need TMA = 1", SpecError),
+    ("GEMM SPLIT_K with TMA", scheduled("SPLIT_K = [1, 4]", "TMA = 1"), 5, 19,
+     "SPLIT_K is an option of the tiled kernel: it needs TMA = 0", SpecError),
+    ("grouped GEMM TMA not a flag", scheduled("TMA = 2", kind="grouped"), 5, 11, "TMA takes 0 or 1, got 2",
+     SpecError),
+    ("grouped GEMM TMA with a prologue", scheduled("TMA = 1", kind="grouped", body="C = relu(A) @ B"), 5, 11,
+     "TMA = 1 needs 16-bit operands read as they are (no prologue)", SpecError),
+    ("grouped GEMM tile too small", scheduled("BLOCK_K = [32, 8]", kind="grouped"), 5, 20,
+     "BLOCK_K must be a power of two of at least 16", SpecError),
+    ("grouped GEMM programs_per_sm", scheduled("programs_per_sm = 0", kind="grouped"), 5, 23,
+     "programs_per_sm takes positive integers, got 0", SpecError),
+    ("grouped GEMM key unknown", scheduled("SPLIT_K = 2", kind="grouped"), 5, 5, "in their schedule, not 'SPLIT_K'",
+     SpecError),
+    ("row-reduction tile", scheduled("BLOCK_N = 96", kind="rows"), 5, 15, "BLOCK_N must be a power of two, got 96",
+     SpecError),
+    ("row-reduction list", scheduled("num_warps = 4", "BLOCK_N = [64, 128]", kind="rows"), 6, 5,
+     "BLOCK_N: a row-reduction kernel takes one value per schedule key", SpecError),
+    ("row-reduction key unknown", scheduled("BLOCK_SIZE = 64", kind="rows"), 5, 5,
+     "row-reduction kernels take BLOCK_N, BLOCK_ROWS, num_warps, num_stages in their schedule, not 'BLOCK_SIZE'",
+     SpecError),
 ]
 
 

@@ -512,6 +512,29 @@ def test_schedule_lists_are_candidates():
     assert all("BLOCK_M=64, BLOCK_N=64" in config for _, config in fixed.heuristic)
 
 
+def test_tma_lists_keep_the_tiled_candidates_where_tma_cannot_read_the_operands():
+    """``TMA = [0, 1]`` where the plan cannot use TMA (f32 operands, a prologue): the TMA = 1
+    candidates (and the persistent kernel's WS, SUBTILE) drop out, in the GEMM and the grouped
+    GEMM; ``TMA = 1`` alone stays an error, at its value."""
+    f32 = generate(open("specs/matmul_leaky_relu.k").read().replace("f16", "f32")).plans[0]
+    assert len(f32.tuning.configs) == 2 * 2 * 2 and not f32.tma
+    assert not any(c.get("TMA") for c in f32.tuning.configs)
+    prologue = generate("kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = relu(A) @ B\n}\n"
+                        "schedule g {\n  BLOCK_M = [16, 32]\n  TMA = [0, 1]\n  WS = [0, 1]\n  SUBTILE = 1\n}\n")
+    prologue = prologue.plans[0]
+    assert [c["BLOCK_M"] for c in prologue.tuning.configs] == [16, 32]
+    assert not prologue.tma and not prologue.ws and not prologue.subtile
+    assert not any(c.get("TMA") or c.get("WS") or c.get("SUBTILE") for c in prologue.tuning.configs)
+    grouped = generate("kernel g(A: [f32[M, K]], B: [f32[K, N]]) -> C: [f32[M, N]] {\n  C = A @ B\n}\n"
+                       "schedule g {\n  BLOCK_N = [32, 64]\n  TMA = [0, 1]\n}\n").plans[0]
+    assert len(grouped.tuning.configs) == 2 and not grouped.tma
+    assert not any(c.get("TMA") for c in grouped.tuning.configs)
+    with pytest.raises(kgen.SpecError, match="TMA = 1 needs") as info:
+        generate("kernel g(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n  C = A @ B\n}\n"
+                 "schedule g {\n  BLOCK_M = [16, 32]\n  TMA = 1\n}\n")
+    assert (info.value.span.line, info.value.span.col) == (6, 9), str(info.value)
+
+
 @pytest.mark.parametrize("schedule, message", [
     ("BLOCK_Q = 64", "not 'BLOCK_Q'"),
     ("BLOCK_M = 48", "power of two"),

@@ -173,13 +173,13 @@ def _schedule(kir: KernelIR):
     if unknown:
         key = sorted(unknown)[0]
         raise SpecError(f"elementwise kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{key}'",
-                        kir.span)
+                        kir.schedule_span(key))
     block = kir.schedule.get("BLOCK_SIZE")
     warps = kir.schedule.get("num_warps")
     for key, values in kir.schedule.items():
         for v in values:
             if not isinstance(v, int) or v <= 0 or v & (v - 1):
-                raise SpecError(f"{key} must be a power of two, got {v}", kir.span)
+                raise SpecError(f"{key} must be a power of two, got {v}", kir.schedule_span(key, v))
     if block is None and warps is None:
         return DEFAULT_BLOCKS, ()
     block = block or (1024,)

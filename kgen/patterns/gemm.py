@@ -559,7 +559,8 @@ def _precision(kir: KernelIR, dtype) -> str:
     values = kir.schedule.get("input_precision", ("tf32",))
     if len(values) != 1 or values[0] not in PRECISIONS:
         raise SpecError(f"input_precision takes one of {', '.join(PRECISIONS)}, got "
-                        f"{', '.join(map(str, values))}", kir.span)
+                        f"{', '.join(map(str, values))}",   # at a value it does not take, else at the list
+                        kir.schedule_span("input_precision", next((v for v in values if v not in PRECISIONS), None)))
     return values[0] if dtype.bits == 32 else ""
 
 
@@ -592,7 +593,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
     unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
     if unknown:
         raise SpecError(f"GEMM kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{unknown[0]}'",
-                        kir.span)
+                        kir.schedule_span(unknown[0]))
     wide = dtype.bits == 32
     rows = HEURISTIC_32 if wide else HEURISTIC_16
     given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
@@ -602,15 +603,24 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
     splits, ws, subtiles = flags.get("SPLIT_K", (1,)), flags.get("WS", (0,)), flags.get("SUBTILE", (0,))
     for key, values in (("TMA", variants), ("WS", ws), ("SUBTILE", subtiles)):
         if any(v not in (0, 1) for v in values):
-            raise SpecError(f"{key} takes 0 or 1, got {', '.join(map(str, values))}", kir.span)
+            bad = next(v for v in values if v not in (0, 1))
+            raise SpecError(f"{key} takes 0 or 1, got {', '.join(map(str, values))}", kir.schedule_span(key, bad))
     if 1 in variants and not tma:
-        raise SpecError("TMA = 1 needs 2-D 16-bit operands read as they are (no batch, no prologue)", kir.span)
+        if 0 not in variants:
+            raise SpecError("TMA = 1 needs 2-D 16-bit operands read as they are (no batch, no prologue)",
+                            kir.schedule_span("TMA", 1))
+        # TMA = [0, 1] where the plan cannot read through TMA (f32, a batch, a prologue): the tiled
+        # kernel's candidates alone, and the persistent kernel's options (WS, SUBTILE) go with TMA's
+        variants, ws, subtiles = (0,), (0,), (0,)
     if (1 in ws or 1 in subtiles) and 1 not in variants:
-        raise SpecError("WS and SUBTILE are options of the persistent kernel: they need TMA = 1", kir.span)
+        raise SpecError("WS and SUBTILE are options of the persistent kernel: they need TMA = 1",
+                        kir.schedule_span("WS", 1) if 1 in ws else kir.schedule_span("SUBTILE", 1))
     if 1 in ws and not has_warp_specialize():
-        raise SpecError("WS = 1 needs a Triton whose tl.range takes warp_specialize (3.5 or later)", kir.span)
+        raise SpecError("WS = 1 needs a Triton whose tl.range takes warp_specialize (3.5 or later)",
+                        kir.schedule_span("WS", 1))
     if any(v != 1 for v in splits) and 0 not in variants:
-        raise SpecError("SPLIT_K is an option of the tiled kernel: it needs TMA = 0", kir.span)
+        raise SpecError("SPLIT_K is an option of the tiled kernel: it needs TMA = 0",
+                        kir.schedule_span("SPLIT_K", next(v for v in splits if v != 1)))
     fixed = {key: bool(values[0]) if key != "SPLIT_K" else values[0] for key, values in
              (("SPLIT_K", splits), ("TMA", variants), ("WS", ws), ("SUBTILE", subtiles)) if len(values) == 1}
     if defaults:
@@ -622,7 +632,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         if 1 in variants:
             candidates += [_config(c, TMA=True) for c in TMA_CANDIDATES_16]
         return tuple(candidates), rows, True, fixed
-    check_schedule_values({**given, "SPLIT_K": splits}, kir.span)
+    check_schedule_values({**given, "SPLIT_K": splits}, kir)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
     candidates = []
     for variant in variants:
@@ -643,18 +653,19 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
     return tuple(candidates), tuple(constrained), len(candidates) > 1, fixed
 
 
-def check_schedule_values(given: dict, span) -> None:
+def check_schedule_values(given: dict, kir: KernelIR) -> None:
     """A schedule's tile and launch values (GEMM and grouped GEMM): positive integers;
-    tiles powers of two of at least 16, GROUP_M and num_warps powers of two."""
+    tiles powers of two of at least 16, GROUP_M and num_warps powers of two.  Errors
+    point at the value."""
     for key, values in given.items():
         for v in values:
             if not isinstance(v, int) or v <= 0:
-                raise SpecError(f"{key} takes positive integers, got {v}", span)
+                raise SpecError(f"{key} takes positive integers, got {v}", kir.schedule_span(key, v))
             if key.startswith("BLOCK") and (v < 16 or v & (v - 1)):
                 raise SpecError(f"{key} must be a power of two of at least 16 (tl.dot's smallest tile), got {v}",
-                                span)
+                                kir.schedule_span(key, v))
             if key in ("GROUP_M", "num_warps") and v & (v - 1):
-                raise SpecError(f"{key} must be a power of two, got {v}", span)
+                raise SpecError(f"{key} must be a power of two, got {v}", kir.schedule_span(key, v))
 
 
 def _closest(value: int, allowed) -> int:

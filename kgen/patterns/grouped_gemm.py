@@ -461,15 +461,18 @@ def _schedule(kir: KernelIR, dtype, tma: bool, lean: bool):
     unknown = sorted(set(kir.schedule) - set(SCHEDULE_KEYS))
     if unknown:
         raise SpecError(f"grouped GEMM kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not "
-                        f"'{unknown[0]}'", kir.span)
+                        f"'{unknown[0]}'", kir.schedule_span(unknown[0]))
     wide = dtype.bits == 32
     rows = HEURISTIC_32 if wide else HEURISTIC_16
     given = {k: v for k, v in kir.schedule.items() if k in CONFIG_KEYS}
     variants = kir.schedule.get("TMA", (0, 1) if tma and not given else (0,))
     if any(v not in (0, 1) for v in variants):
-        raise SpecError(f"TMA takes 0 or 1, got {', '.join(map(str, variants))}", kir.span)
+        raise SpecError(f"TMA takes 0 or 1, got {', '.join(map(str, variants))}",
+                        kir.schedule_span("TMA", next(v for v in variants if v not in (0, 1))))
     if 1 in variants and not tma:
-        raise SpecError("TMA = 1 needs 16-bit operands read as they are (no prologue)", kir.span)
+        if 0 not in variants:
+            raise SpecError("TMA = 1 needs 16-bit operands read as they are (no prologue)", kir.schedule_span("TMA", 1))
+        variants = (0,)   # TMA = [0, 1] where the plan cannot read through TMA (f32, a prologue): the tiled ones
     if not given:
         flattened = FLATTENED_16 if lean and not wide else ()
 
@@ -478,7 +481,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool, lean: bool):
         tiles = {0: CANDIDATES_32 if wide else CANDIDATES_16, 1: TMA_CANDIDATES_16}
         candidates = [config for v in (0, 1) if v in variants for c in tiles[v] for config in twins(c, bool(v))]
         return tuple(candidates), rows, True
-    gemm.check_schedule_values(given, kir.span)
+    gemm.check_schedule_values(given, kir)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
     candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
     constrained = []

@@ -1080,14 +1080,14 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
     for key, candidates in kir.schedule.items():
         if key not in SCHEDULE_KEYS:
             raise SpecError(f"row-reduction kernels take {', '.join(SCHEDULE_KEYS)} in their schedule, not '{key}'",
-                            kir.span)
+                            kir.schedule_span(key))
         if len(candidates) != 1:
             raise SpecError(f"{key}: a row-reduction kernel takes one value per schedule key (the host picks "
-                            f"the tile per call from the row length), got {len(candidates)}", kir.span)
+                            f"the tile per call from the row length), got {len(candidates)}", kir.schedule_span(key))
         v = candidates[0]
         if not isinstance(v, int) or v <= 0 or (key != "num_stages" and v & (v - 1)):
             raise SpecError(f"{key} must be a {'positive integer' if key == 'num_stages' else 'power of two'}, "
-                            f"got {v}", kir.span)
+                            f"got {v}", kir.schedule_span(key, v))
         values[key] = v
     forced = os.environ.get(FORCE_CHUNK, "").strip()
     if forced:
