@@ -147,6 +147,34 @@ def gelu(x):
     return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
 
 
+# What a config= given by hand may hold, key by key: (least, a power of two) for numbers,
+# None for flags.  A tl.dot's tiles are at least 16; zero GROUP_M or SPLIT_K would divide by
+# zero or launch nothing on the device.
+_CONFIG_KINDS = {
+    "BLOCK_M": (16, True), "BLOCK_N": (16, True), "BLOCK_K": (16, True), "BLOCK_SIZE": (1, True),
+    "num_warps": (1, True), "GROUP_M": (1, False), "num_stages": (1, False), "SPLIT_K": (1, False),
+    "programs_per_sm": (1, False), "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
+}
+
+
+def _check_config(config, required, optional):
+    if type(config) is not dict:
+        raise ArgumentError(f"config: expected a dict of {', '.join(required)}, got {type(config).__name__}")
+    for key in required:
+        if key not in config:
+            raise ArgumentError(f"config: expected {', '.join(required)}, got no {key}")
+    for key, value in config.items():
+        if key not in required and key not in optional:
+            raise ArgumentError(f"config: expected keys among {', '.join(required + optional)}, got {key!r}")
+        kind = _CONFIG_KINDS[key]
+        if kind is None:
+            if type(value) is not bool and not (type(value) is int and 0 <= value <= 1):
+                raise ArgumentError(f"config: expected {key} True or False, got {value!r}")
+        elif type(value) is not int or value < kind[0] or kind[1] and value & (value - 1):
+            what = "a power of two" if kind[1] else "an int"
+            raise ArgumentError(f"config: expected {key} {what} of at least {kind[0]}, got {value!r}")
+
+
 _DEVICES = {}
 
 
@@ -417,15 +445,25 @@ def _group_scratch(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _row_end(o):
+    """An int of a list of row ends (numpy's integers too, not bools), or None."""
+    index = getattr(type(o), "__index__", None)
+    return None if index is None or isinstance(o, (bool, torch.Tensor)) else index(o)
+
+
 def _group_offs(offs, G, device, source, T, rows):
     """The MoE form's row ends: a 1-D int32 or int64 tensor of G (a list of ints is copied over);
     the kernel holds row numbers in int32."""
     if T >= 2**31:
         raise ArgumentError(f"{rows}: expected fewer than 2**31 rows, got {T}")
-    if isinstance(offs, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in offs):
-        if not all(-2**31 <= o < 2**31 for o in offs):
+    if isinstance(offs, (list, tuple)):
+        ends = [_row_end(o) for o in offs]
+        if None in ends:
+            bad = offs[ends.index(None)]
+            raise ArgumentError(f"offs[{ends.index(None)}]: expected an int row end, got {type(bad).__name__}")
+        if not all(-2**31 <= o < 2**31 for o in ends):
             raise ArgumentError("offs: expected int32 row ends, got a value outside int32")
-        offs = torch.tensor(offs, dtype=torch.int32, pin_memory=device.type == "cuda")
+        offs = torch.tensor(ends, dtype=torch.int32, pin_memory=device.type == "cuda")
         offs = offs.to(device, non_blocking=True)
     if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64) or offs.dim() != 1:
         got = f"a {offs.dtype} tensor of shape {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) \
@@ -817,6 +855,9 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
     Y, = _group_outputs(out, device, G, (("X", X), ("W", W), ("b", b)), ("Y", list(zip(M, N)), torch.float16))
     if config is None:
         config = _grouped_linear_gelu_config(M, N, K, device)
+    else:
+        _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+                      ("programs_per_sm", "FLATTEN", "TMA"))
     table, num_tiles, layout = _group_table(device, M, N, K, (("X", X), ("W", W), ("b", b), ("Y", Y)), config, 8)
     if not num_tiles:
         return Y
@@ -848,11 +889,15 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     _check_shape("b", b, (G, N), "f16[G, N]", "W")
     device = _device(("X", X), ("W", W), ("b", b))
     offs = _group_offs(offs, G, device, "W", T, "X")
-    Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)), ("Y", (T, N), torch.float16))
+    Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b), ("offs", offs)),
+                  ("Y", (T, N), torch.float16))
     if Y.numel() == 0:
         return Y
     if config is None:
         config = _grouped_linear_gelu_config([T], [N], [K], device)
+    else:
+        _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+                      ("programs_per_sm", "FLATTEN", "TMA"))
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)

@@ -147,6 +147,34 @@ def silu(x):
     return x * tl.sigmoid(x)
 
 
+# What a config= given by hand may hold, key by key: (least, a power of two) for numbers,
+# None for flags.  A tl.dot's tiles are at least 16; zero GROUP_M or SPLIT_K would divide by
+# zero or launch nothing on the device.
+_CONFIG_KINDS = {
+    "BLOCK_M": (16, True), "BLOCK_N": (16, True), "BLOCK_K": (16, True), "BLOCK_SIZE": (1, True),
+    "num_warps": (1, True), "GROUP_M": (1, False), "num_stages": (1, False), "SPLIT_K": (1, False),
+    "programs_per_sm": (1, False), "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
+}
+
+
+def _check_config(config, required, optional):
+    if type(config) is not dict:
+        raise ArgumentError(f"config: expected a dict of {', '.join(required)}, got {type(config).__name__}")
+    for key in required:
+        if key not in config:
+            raise ArgumentError(f"config: expected {', '.join(required)}, got no {key}")
+    for key, value in config.items():
+        if key not in required and key not in optional:
+            raise ArgumentError(f"config: expected keys among {', '.join(required + optional)}, got {key!r}")
+        kind = _CONFIG_KINDS[key]
+        if kind is None:
+            if type(value) is not bool and not (type(value) is int and 0 <= value <= 1):
+                raise ArgumentError(f"config: expected {key} True or False, got {value!r}")
+        elif type(value) is not int or value < kind[0] or kind[1] and value & (value - 1):
+            what = "a power of two" if kind[1] else "an int"
+            raise ArgumentError(f"config: expected {key} {what} of at least {kind[0]}, got {value!r}")
+
+
 @triton.jit
 def swiglu_residual_kernel(
     x_ptr, gate_ptr, residual_ptr, y_ptr,
@@ -203,6 +231,7 @@ def swiglu_residual(x, gate, residual, *, out=None, config=None):
     if config is None:
         BLOCK_SIZE, num_warps = (1024, 4)
     else:
+        _check_config(config, ("BLOCK_SIZE", "num_warps"), ())
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (_cdiv(n_elements, BLOCK_SIZE),)
     swiglu_residual_kernel[grid](

@@ -55,7 +55,8 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
 HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf", "pow_number",
-           "max_combine", "min_combine", "num_sms", "tma_host", "launch_rows", "launch_split", "group_host")
+           "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
+           "launch_split", "group_host")
 _NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
           Op.POW: ("powf",)}
@@ -120,6 +121,21 @@ def config_text(config: dict) -> str:
         if not key.isidentifier() or not isinstance(value, (bool, int)):
             raise TypeError(f"not a launch config entry: {key!r}: {value!r}")
     return f"dict({', '.join(f'{k}={v!r}' for k, v in config.items())})"
+
+
+def config_check(required: tuple[str, ...], optional: tuple[str, ...], indent: int = 8) -> str:
+    """The host line that checks a ``config=`` given by the call (the check_config helper),
+    printed at ``indent``: ``_check_config(config, ("BLOCK_SIZE", "num_warps"), ())``."""
+    def keys(names: tuple[str, ...]) -> str:
+        if not all(k.isidentifier() for k in names):
+            raise TypeError(f"not config keys: {names!r}")
+        quoted = ", ".join('"' + k + '"' for k in names)
+        return f"({quoted},)" if len(names) == 1 else f"({quoted})"
+    call = "_check_config("
+    line = f"{call}config, {keys(required)}, {keys(optional)})"
+    if indent + len(line) <= 100:
+        return line
+    return f"{call}config, {keys(required)},\n{' ' * (indent + len(call))}{keys(optional)})"
 
 
 @dataclass(frozen=True)

@@ -293,6 +293,8 @@ class HeaderlessKernel:
                 types.append(Arg(D.BY_TORCH[k[0]], k[1], is_list=len(k) > 2))
             elif k in (bool, int, float):
                 types.append(Arg({bool: D.BOOL, int: D.I32, float: D.F32}[k], None))
+            elif isinstance(a, (list, tuple)):   # a list whose first problem is not a tensor
+                raise CallError(f"{name}[0]: expected a tensor (one per problem), got {type(a[0]).__name__}")
             else:
                 raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
         generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})

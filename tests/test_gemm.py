@@ -11,6 +11,7 @@ import inspect
 import json
 from contextlib import contextmanager
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from kgen.pipeline import generate
 from kgen.reference import evaluate
 
 from conftest import DEVICE, HAS_CUDA
+
+ROOT_SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 SETTINGS = settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 SIZES = st.sampled_from([1, 2, 3, 7, 13, 16, 31, 32, 33, 47, 64, 65, 97])
@@ -961,3 +964,21 @@ def test_gpu_autotune_persists(cache, monkeypatch):
     assert_close(c, F.silu(a.double() @ b.double()), bound(a, b), factor=1.2)
     fresh = autotune.Tuner(tuner.host, tuner.tuning, tuner.source, tuner.name)     # as a second process would
     assert fresh.choose((a, b), {}) == tuner.last and fresh.tuned == 0
+
+
+def test_bf16_matmuls_run_on_cuda_and_are_refused_by_the_interpreter():
+    """Triton's interpreter returns garbage for a bf16 tl.dot (numpy has no bf16): there the
+    GEMM hosts refuse the call, naming the bf16 operand; on a GPU they compute it."""
+    a, b = randn(33, 24, dtype=torch.bfloat16), randn(24, 17, dtype=torch.bfloat16)
+    grouped = kgen.compile(ROOT_SPECS.joinpath("grouped_gemm.k").read_text().replace("f16", "bf16"))
+    ab = a.double() @ b.double()
+    calls = [(lambda: compiled("C = leaky_relu(A @ B)")(a, b), "A", F.leaky_relu(ab, 0.01)),
+             (lambda: compiled("C = bf16(X) @ W")(a.float(), b), "X", ab),
+             (lambda: torch.cat(grouped([a[:5], a[5:]], [b, b])), "A", ab),
+             (lambda: grouped.moe(a, torch.stack([b, b]), offs=[5, 33]), "A", ab)]
+    for call, name, want in calls:
+        if HAS_CUDA:
+            assert_close(call(), want, bound(a, b))
+        else:
+            with pytest.raises(kgen.CallError, match=f"{name}: bf16 matmuls need a CUDA device"):
+                call()

@@ -13,6 +13,7 @@ import random
 from contextlib import contextmanager
 from functools import lru_cache
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -582,6 +583,35 @@ def test_moe_bad_offsets():
         k.moe(a, torch.randn(0, 8, 5, device=DEVICE), offs=[])
     with pytest.raises(kgen.CallError, match="offs: expected int32 row ends"):
         k.moe(a, w, offs=[5, 2**31, 10])
+
+
+def test_moe_out_over_offs_is_refused_and_numpy_row_ends_are_ints(watch):
+    """offs is read by every program: an out= over it would move where problems end while
+    the kernel runs.  A list of row ends may hold numpy's integers (not bools, not floats)."""
+    k = kgen.compile("specs/grouped_gemm.k")
+    a, w = randn(8, 16, dtype=torch.float16), randn(2, 16, 4, dtype=torch.float16)
+    buffer = torch.zeros(34, device=DEVICE, dtype=torch.float16)
+    offs = buffer[30:].view(torch.int32)            # the last 8 bytes of out's 64, and 4 more
+    offs.copy_(torch.tensor([3, 8], dtype=torch.int32))
+    launches = watch(k.module)
+    with pytest.raises(kgen.CallError, match="out \\(C\\): overlaps offs"):
+        k.moe(a, w, offs=offs, out=buffer[:32].view(8, 4))
+    assert launches.count == 0
+    want = k.moe(a, w, offs=offs.clone())
+    assert_close(want, moe_reference(a, w, [3, 8]), moe_bound(a, w, [3, 8]))
+    assert torch.equal(k.moe(a, w, offs=[numpy.int64(3), numpy.int32(8)]), want)
+    for bad, name in ((numpy.bool_(True), "bool"), (3.0, "float")):
+        with pytest.raises(kgen.CallError, match=f"offs\\[0\\]: expected an int row end, got {name}"):
+            k.moe(a, w, offs=[bad, 8])
+
+
+def test_a_problem_list_that_starts_with_a_number_names_its_element():
+    k = compiled("C = A @ B")
+    a, b = randn(5, 8), randn(8, 4)
+    with pytest.raises(kgen.CallError, match="A\\[0\\]: expected a tensor \\(one per problem\\), got int"):
+        k([3, a], [b, b])
+    with pytest.raises(kgen.CallError, match="B\\[1\\]: expected a tensor f32\\[K, N\\], got int"):
+        k([a, a], [b, 3])
 
 
 def test_moe_calls_without_offs_or_with_too_many_rows():

@@ -331,13 +331,66 @@ def test_out_exactly_an_input_must_also_have_its_element_type():
     torch.testing.assert_close(z, want)
 
 
-def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error(watch):
-    k = kgen.compile(ROOT / "specs" / "vector_add.k")
+def _config_calls():
+    """(kernel, call taking config=, a config it takes) for each pattern with configs."""
     x = torch.randn(8, device=DEVICE)
-    for config, words in [({}, "KeyError"), (5, "TypeError"), ({"BLOCK_SIZE": 3, "num_warps": 4}, "power of 2")]:
-        with pytest.raises(CallError, match=f"config=.*does not fit this kernel.*{words}"):
-            k(x, x, config=config)
-    torch.testing.assert_close(k(x, x, config={"BLOCK_SIZE": 4, "num_warps": 1}), x + x)
+    add = kgen.compile("kernel add(x: f32[N], y: f32[N]) -> z: f32[N] {\n    z = x + y\n}\n"
+                       "schedule add {\n    BLOCK_SIZE = [16, 32]\n    num_warps = [1, 2]\n}\n")
+    yield add, lambda config: add(x, x, config=config), {"BLOCK_SIZE": 4, "num_warps": 1}
+    small = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
+    lin = kgen.compile(ROOT / "specs" / "linear_gelu.k")
+    X, W, b = (torch.randn(*s, device=DEVICE, dtype=torch.float16) for s in ((20, 24), (24, 16), (16,)))
+    yield lin, lambda config: lin(X, W, b, config=config), dict(small, SPLIT_K=2)
+    grouped = kgen.compile(ROOT / "specs" / "grouped_gemm.k")
+    B = torch.randn(2, 24, 16, device=DEVICE, dtype=torch.float16)
+    yield grouped, lambda config: grouped([X[:7], X[7:]], [B[0], B[1]], config=config), dict(small, programs_per_sm=2)
+    offs = torch.tensor([7, 20], dtype=torch.int32, device=DEVICE)
+    yield grouped, lambda config: grouped.moe(X, B, offs=offs, config=config), small
+
+
+def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error():
+    """A config= by hand is checked before any launch: a zero GROUP_M or SPLIT_K would launch
+    nothing or divide by zero on the device, a tile of 24 would not compile."""
+    for kernel, call, good in _config_calls():
+        blocks = [k for k in good if k.startswith("BLOCK")]
+        counts = [k for k in good if k in ("GROUP_M", "num_stages", "SPLIT_K", "programs_per_sm")]
+        bad = [({}, f".*got no {next(iter(good))}"), (5, "a dict of .* got int"),
+               ({**good, "unknown": 1}, "keys among .* got 'unknown'"),
+               ({**good, "num_warps": 3}, "num_warps a power of two of at least 1, got 3")]
+        bad += [({**good, key: 24}, f"{key} a power of two of at least .*, got 24") for key in blocks]
+        bad += [({**good, key: value}, f"{key} an int of at least 1, got {value!r}")
+                for key in counts for value in (0, -1, 2.0, True)]
+        for config, words in bad:
+            with pytest.raises(CallError, match=f"config: expected {words}"):
+                call(config)
+        result, want = call(good), call(None)
+        for r, w in zip(result if isinstance(result, list) else [result], want if isinstance(want, list) else [want]):
+            torch.testing.assert_close(r, w, atol=1e-2, rtol=1e-2)
+
+
+def test_every_candidate_config_passes_the_hosts_own_check():
+    """The autotuner passes its candidates as config=: each one the host takes."""
+    for kernel, call, _ in _config_calls():
+        module = kernel.module
+        configs = getattr(module, f"{kernel.name}_configs")
+        assert configs
+        for config in configs:
+            launches = []
+            with pytest.MonkeyPatch.context() as mp:
+                for name in [n for n in vars(module) if n.endswith("_kernel")]:
+                    mp.setattr(module, name, _Recording(launches))
+                call(config)
+            assert launches, config
+
+
+class _Recording:
+    """A kernel that records its launches instead of running them."""
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, kwargs))
 
 
 @pytest.mark.parametrize("text", ["Kernel = x + 1", "Y_MASK = x > 0", "TOTAL_SIZE = x * 2", "X_PTR = x + 1",

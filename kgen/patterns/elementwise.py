@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, POINTWISE, LEAVES, topo_order
-from ..lower import Line, config_text, helpers_for, statement_lines
+from ..lower import Line, config_check, config_text, helpers_for, statement_lines
 from .host import Host, check_locals, host
 
 # (below n_elements, BLOCK_SIZE, num_warps).  Measured on an H200 for x + y and a
@@ -52,6 +52,7 @@ class ElementwisePlan:
     flat: bool                             # the flat path exists (every operand can be full)
     blocks: tuple[tuple[int | None, int, int], ...]
     tuning: Tuning                         # the schedule's candidates, timed by kgen's autotuner
+    config_check: str = config_check(SCHEDULE_KEYS, ())   # the host line for a config= given by the call
     pattern: str = "elementwise"
     template: str = "elementwise.jinja"
 
@@ -147,7 +148,7 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     blocks, candidates = _schedule(kir)
     return ElementwisePlan(
         name=kir.name, host=host(kir, inplace=True), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
-        sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes),
+        sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes) + ("check_config",),
         # no flat path when every axis has size 1: there are no offsets to take
         flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,
         blocks=blocks, tuning=Tuning(tuple({"BLOCK_SIZE": b, "num_warps": w} for b, w in candidates)))

@@ -53,15 +53,16 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, partial
 
 import torch
 
 from ..autotune import Tuning
+from .. import dtypes as D
 from ..errors import SpecError, UnsupportedError
 from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, topo_order
-from ..lower import CALL, Line, Printer, config_text, helpers_for, statement_lines
+from ..lower import CALL, Line, Printer, config_check, config_text, helpers_for, statement_lines
 from ..render import comment_safe
 from .host import Host, check_locals, host
 
@@ -234,6 +235,7 @@ class GemmPlan:
     epilogue_launch: tuple[str, ...]
     operands: tuple[str, str]     # the tensors A and B are read from
     interpreter: str              # the config on Triton's interpreter
+    config_check: str             # the host line for a config= given by the call
     scheduled: bool               # the candidates come from the spec's schedule
     tuning: Tuning
     pattern: str = "gemm"
@@ -305,25 +307,29 @@ def match(kir: KernelIR) -> GemmPlan | None:
     candidates, rows, tunable, fixed = _schedule(kir, lhs.dtype, tma)
     split_k = any(c.get("SPLIT_K", 1) > 1 for c in candidates)
     h = host(kir)
+    h = replace(h, checks=h.checks + bf16_check(low))
     summary = (f"{a_name}{_shape(lhs.shape)} @ {b_name}{_shape(rhs.shape)} -> "
                f"{', '.join(outputs)}{_shape(out_shape)}")
     tma = any(c.get("TMA") for c in candidates)
+    ws, subtile = any(c.get("WS") for c in candidates), any(c.get("SUBTILE") for c in candidates)
+    flags = ("SPLIT_K",) * split_k + ("TMA",) * tma + ("WS",) * ws + ("SUBTILE",) * subtile
     return GemmPlan(
         name=kir.name, host=h, signature=h.signature + ", config=None", summary=summary,
         pointers=tuple(f"{t}_ptr" for t in tensors) + tuple(scalars) + tuple(f"{o}_ptr" for o in outputs)
         + (("partials_ptr",) if split_k else ()),
         strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
         int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
-        helpers=helpers_for(low.nodes) + (("num_sms", "tma_host") if tma else ()),
+        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(bf16_check(low))
+        + (("num_sms", "tma_host") if tma else ()),
         sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
         heuristic=tuple((_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows),
-        split_k=split_k, tma=tma, ws=any(c.get("WS") for c in candidates),
-        subtile=any(c.get("SUBTILE") for c in candidates), tma_pointers=tuple(descriptors) + epilogue_pointers,
+        split_k=split_k, tma=tma, ws=ws, subtile=subtile, tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
         operands=(a_name, b_name), interpreter=config_text(_config(INTERPRETER_CONFIG)),
+        config_check=config_check(CONFIG_KEYS, flags),
         scheduled=any(k in SCHEDULE_KEYS and k not in ("TMA", "input_precision") for k in kir.schedule),
         tuning=Tuning(candidates if tunable else (), partial(prune, lhs=a_name, rhs=b_name),
                       buckets=_buckets(kir, mm.shape[-2])))
@@ -562,6 +568,15 @@ def _precision(kir: KernelIR, dtype) -> str:
                         f"{', '.join(map(str, values))}",   # at a value it does not take, else at the list
                         kir.schedule_span("input_precision", next((v for v in values if v not in PRECISIONS), None)))
     return values[0] if dtype.bits == 32 else ""
+
+
+def bf16_check(low: Lowered) -> tuple[str, ...]:
+    """The host line that refuses Triton's interpreter where a dot operand is bf16: numpy has
+    no bf16, and the interpreter's tl.dot on it returns garbage rather than failing."""
+    lhs, rhs = low.mm.inputs
+    if D.BF16 not in (lhs.dtype, rhs.dtype):
+        return ()
+    return (f'_check_bf16_dot("{low.a_name if lhs.dtype == D.BF16 else low.b_name}", device)',)
 
 
 def _config(values, SPLIT_K=1, TMA=False, WS=False, SUBTILE=False) -> dict:

@@ -97,7 +97,7 @@ import torch
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, Node, Op, Param, Stmt, type_str
-from ..lower import Line, config_text, helpers_for
+from ..lower import Line, config_check, config_text, helpers_for
 from . import gemm
 from .host import Host, check_locals, host, scalar_kind, torch_dtype
 
@@ -232,6 +232,7 @@ class GroupedPlan:
     configs: tuple[str, ...]
     heuristic: tuple[tuple[str, str], ...]
     interpreter: str
+    config_check: str             # the host line for a config= given by the call
     scheduled: bool
     tuning: Tuning
     moe_tuning: Tuning | None
@@ -291,6 +292,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     gemm._check_derived(kir, list(units) + [f"{t}_shapes" for t in names])
 
     checks, sizes = _list_host(kir, low, params)
+    checks += gemm.bf16_check(low)
     h = host(kir)
     outs = ", ".join(f'("{o}", list(zip({sizes[0]}, {sizes[1]})), {torch_dtype(dtypes[o])})' for o in outputs)
     inputs = [f'("{params[t].name}", {params[t].name})' for t in low.tensors]
@@ -312,20 +314,24 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     summary = (f"{a_name}{gemm._shape(lhs.shape)} @ {b_name}{gemm._shape(rhs.shape)} -> "
                f"{', '.join(outputs)}{gemm._shape(low.out_shape)}")
     list_params = [p.name for p in kir.params]
+    plan_tma = tma and any(c.get("TMA") for c in candidates)
     return GroupedPlan(
         name=kir.name, summary=summary, a=low.a, b=low.b, dot=low.dot, loads=low.loads, body=low.body,
-        stores=low.stores, helpers=helpers_for(low.nodes) + ("num_sms", "tma_host", "group_host"),
+        stores=low.stores,
+        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(gemm.bf16_check(low))
+        + ("num_sms", "tma_host", "group_host"),
         operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
         vector=vector, operand_bytes=max(params[t].dtype.bytes for t in low.tensors), scalars=low.scalars,
         units=units, width=len(columns),
         columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
-        table=tuple(table), **moe, tma=tma and any(c.get("TMA") for c in candidates),
+        table=tuple(table), **moe, tma=plan_tma,
         configs=tuple(config_text(c) for c in candidates),
         heuristic=tuple(("" if limit is None else f"work <= {limit}", config_text(_config(c)))
                         for limit, c in rows),
         interpreter=config_text(_config(INTERPRETER_CONFIG)),
+        config_check=config_check(gemm.CONFIG_KEYS, ("programs_per_sm", "FLATTEN") + ("TMA",) * plan_tma),
         scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
         # timed on the GPU alone (graphs): every config costs the host the same per call but
         # TMA's, which is timed only for groups large enough to hide it (TMA_MIN_FLOP)
@@ -412,7 +418,8 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     outs = tuple(Stmt(o.name, Node(Op.INPUT, o.node.dtype, (T,) + tuple(o.node.shape[1:])), o.source, o.span)
                  for o in kir.outputs)
     mkir = replace(kir, params=tuple(moe_params), outputs=outs)
-    h = host(mkir)
+    h = host(mkir, extra=("offs",))
+    h = replace(h, checks=h.checks + gemm.bf16_check(low))
     signature = h.signature.replace("*, out=None", "*, offs, out=None") + ", config=None"
     first = next(t for t in low.tensors if not ragged[t])
     rows = next(t for t in low.tensors if ragged[t])

@@ -54,9 +54,11 @@ def check_locals(kir: KernelIR, taken: frozenset[str], what: str, dims: frozense
                                        p.span)
 
 
-def host(kir: KernelIR, inplace: bool = False) -> Host:
+def host(kir: KernelIR, inplace: bool = False, extra: tuple[str, ...] = ()) -> Host:
     """``inplace``: an ``out=`` tensor may be one of the inputs, exactly (elementwise
-    kernels read each element before writing it); any other overlap is refused."""
+    kernels read each element before writing it); any other overlap is refused. ``extra``:
+    tensors the host takes besides the spec's (the MoE form's ``offs``), that ``out=`` must
+    not overlap either."""
     sig = []
     for p in kir.params:
         sig.append(p.name if p.default is None else f"{p.name}={literal(p.default)}")
@@ -91,7 +93,8 @@ def host(kir: KernelIR, inplace: bool = False) -> Host:
     outs = tuple(o.name for o in kir.outputs)
     specs = [f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, {torch_dtype(o.node.dtype)})'
              for o in kir.outputs] + (["inplace=True"] if inplace else [])
-    inputs = ", ".join(f'("{p.name}", {p.name})' for p in tensors) + ("," if len(tensors) == 1 else "")
+    read = [p.name for p in tensors] + list(extra)
+    inputs = ", ".join(f'("{t}", {t})' for t in read) + ("," if len(read) == 1 else "")
     call = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs("
     allocate = f"{call}out, device, ({inputs}), {', '.join(specs)})"
     if len(allocate) > ALLOCATE_WIDTH:   # an output per line, under the first argument
