@@ -142,6 +142,13 @@ def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+@triton.jit
+def rsqrt(x):
+    # as sqrt: the GPU's rsqrt flushes a subnormal x to zero (giving inf), so it is scaled first
+    tiny = (tl.abs(x) < 1.1754943508222875e-38) & (x != 0)
+    return tl.where(tiny, tl.rsqrt(x * 18446744073709551616.0) * 4294967296.0, tl.rsqrt(x))
+
+
 _DEVICES = {}
 
 
@@ -223,7 +230,7 @@ def _layernorm_tile(
     # var = mean(xc * xc, axis=-1)
     var = tl.sum(tl.where(mask, xc * xc, 0.0), axis=1, keep_dims=True) / n_cols
     # rstd = rsqrt(var + eps)
-    rstd = tl.rsqrt(var + eps)
+    rstd = rsqrt(var + eps)
     # Y = xc * rstd * W + B
     W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -376,7 +383,7 @@ def layernorm_looped_kernel(
         mu = mu_sum / n_cols
         var = var / n_cols
         # rstd = rsqrt(var + eps)
-        rstd = tl.rsqrt(var + eps)
+        rstd = rsqrt(var + eps)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]

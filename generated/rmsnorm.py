@@ -142,6 +142,13 @@ def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+@triton.jit
+def rsqrt(x):
+    # as sqrt: the GPU's rsqrt flushes a subnormal x to zero (giving inf), so it is scaled first
+    tiny = (tl.abs(x) < 1.1754943508222875e-38) & (x != 0)
+    return tl.where(tiny, tl.rsqrt(x * 18446744073709551616.0) * 4294967296.0, tl.rsqrt(x))
+
+
 _DEVICES = {}
 
 
@@ -219,7 +226,7 @@ def _rmsnorm_tile(
     X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
     row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
     # rms = rsqrt(mean(X * X, axis=-1) + eps)
-    rms = tl.rsqrt(row_mean + eps)
+    rms = rsqrt(row_mean + eps)
     # Y = X * rms * W
     W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     Y = X * rms * W
@@ -337,7 +344,7 @@ def rmsnorm_looped_kernel(
         # mean(X * X, axis=-1): the lanes' partial sums combined
         row_mean = tl.sum(row_mean_acc, axis=1, keep_dims=True) / n_cols
         # rms = rsqrt(mean(X * X, axis=-1) + eps)
-        rms = tl.rsqrt(row_mean + eps)
+        rms = rsqrt(row_mean + eps)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]

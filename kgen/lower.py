@@ -30,13 +30,13 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
     Op.EQ: ("{0} == {1}", CMP, (CMP + 1, CMP + 1)),
     Op.NE: ("{0} != {1}", CMP, (CMP + 1, CMP + 1)),
     Op.EXP: ("tl.exp({0})", CALL, (0,)),
-    Op.EXP2: ("tl.exp2({0})", CALL, (0,)),
+    Op.EXP2: ("exp2({0})", CALL, (0,)),
     Op.LOG: ("tl.log({0})", CALL, (0,)),
     Op.LOG2: ("tl.log2({0})", CALL, (0,)),
-    Op.SQRT: ("tl.sqrt({0})", CALL, (0,)),
-    Op.RSQRT: ("tl.rsqrt({0})", CALL, (0,)),
+    Op.SQRT: ("sqrt({0})", CALL, (0,)),
+    Op.RSQRT: ("rsqrt({0})", CALL, (0,)),
     Op.ABS: ("tl.abs({0})", CALL, (0,)),
-    Op.SIN: ("tl.sin({0})", CALL, (0,)),
+    Op.SIN: ("sin({0})", CALL, (0,)),
     Op.COS: ("tl.cos({0})", CALL, (0,)),
     Op.SIGMOID: ("tl.sigmoid({0})", CALL, (0,)),
     # NaN-propagating, as torch.relu / maximum / minimum / clamp are
@@ -54,12 +54,14 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 }
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
-HELPERS = ("tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf", "pow_number",
+HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
+           "pow_number",
            "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
            "launch_split", "group_host")
-_NEEDS = {Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
+_NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
+          Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
-          Op.POW: ("powf",)}
+          Op.POW: ("exp2", "powf")}
 
 # A cast rounds to its target and, for 16-bit floats, computes on in f32.
 CASTS = {
@@ -96,10 +98,17 @@ def _number_power(node: Node) -> bool:
     return node.op is Op.POW and node.inputs[1].is_weak and node.inputs[1].op is not Op.CONST
 
 
+def _needs(node: Node) -> tuple[str, ...]:
+    """The helpers a node's printed form calls (Printer.expr: roots print as sqrt or rsqrt)."""
+    if node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _ROOT_POWERS:
+        return _NEEDS[_ROOT_POWERS[node.inputs[1].arg]]
+    if _number_power(node):
+        return _NEEDS[Op.SQRT] + _NEEDS[Op.RSQRT] + _NEEDS[Op.POW] + ("pow_number",)
+    return _NEEDS.get(node.op, ())
+
+
 def helpers_for(nodes) -> tuple[str, ...]:
-    needed = {h for n in nodes for h in _NEEDS.get(n.op, ())}
-    if any(_number_power(n) for n in nodes):
-        needed.add("pow_number")
+    needed = {h for n in nodes for h in _needs(n)}
     return tuple(h for h in HELPERS if h in needed)
 
 

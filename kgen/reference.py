@@ -149,7 +149,10 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
     elif node.op is Op.POW and node.inputs[1].is_weak and isinstance(operands[1], torch.Tensor):
         # math on numbers came back a 0-dim tensor; torch takes a Python number exponent
         # its own way (x ** 0.5 is sqrt(x)), as the user's x ** (p * 2) would be
-        result = torch.pow(operands[0], operands[1].item())
+        base = operands[0]
+        if not isinstance(base, torch.Tensor):   # a folded number: torch.pow takes no two numbers
+            base = torch.tensor(base, dtype=torch.float64 if exact else node.dtype.torch)
+        result = torch.pow(base, operands[1].item())
     elif node.op is Op.WHERE and not isinstance(operands[0], torch.Tensor):   # a bool scalar parameter
         result = torch.where(torch.tensor(operands[0]), *operands[1:])
     else:

@@ -921,3 +921,34 @@ def test_a_comment_that_says_kernel_does_not_start_a_header():
     x = torch.randn(5, device=DEVICE)
     for text in ("# kernel to scale x\ny = x * 2", "#kernel y\ny = x * 2", "# schedule: none\ny = x * 2"):
         assert torch.equal(kgen.compile(text)(x), x * 2), text
+
+
+@pytest.mark.parametrize("text", ["y = sqrt(x)", "y = rsqrt(x)", "y = sin(x)", "y = exp2(x)", "y = x ** 0.5",
+                                  "y = x ** -0.5", "y = x ** p", "y = x ** 1.5", "y = exp(x)"])
+def test_subnormals_in_and_out_as_torch_keeps_them(text):
+    """torch keeps f32 subnormals (2**-149 to 2**-126) on the GPU; the GPU's approximate
+    sqrt, rsqrt, sin and exp2 flush them to zero unless kgen scales them into range."""
+    tiny = [2.0 ** -149, 1e-42, 1e-40, 5e-39, 1.1e-38, 1.2e-38, 1e-30, 1e-20, 0.001, 0.1]
+    x = torch.tensor(tiny + [-v for v in tiny] + [-126.5, -130.0, -148.5, -149.5, 0.0, -0.0, 1e38], device=DEVICE)
+    k = kgen.compile(text)
+    got = k(x, 1.5) if "p" in k.inputs else k(x)
+    want = evaluate(k._last.ir, {"x": x.double(), "p": 1.5})[0].float()
+    finite = want.isfinite()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~finite & ~want.isnan()],
+                                                                    want[~finite & ~want.isnan()]), (got, want)
+    # (powf's exp2(y * log2 |x|) loses a few ulps as |y * log2 |x|| grows)
+    close = (got[finite] - want[finite]).abs() <= 1e-5 * want[finite].abs() + 2.0 ** -146
+    assert close.all(), (x[finite][~close], got[finite][~close], want[finite][~close])
+    assert torch.equal(torch.signbit(got[want == 0]), torch.signbit(want[want == 0]))
+
+
+def test_a_folded_number_to_a_scalar_power():
+    """A base of numbers alone (folded to one) to a weak exponent (math on a scalar argument):
+    the reference takes them as torch takes a Python number to a Python number power."""
+    k = kgen.compile("t = abs((sigmoid(0.5) + 0.5) ** clamp(s, -2, 2))\nY = 0.5 + t + relu(A)")
+    a = torch.randn(7, device=DEVICE)
+    for s in (0.75, -3.0, 2.5):
+        base = torch.sigmoid(torch.tensor(0.5, dtype=torch.float64)) + 0.5
+        want = 0.5 + (base ** min(max(s, -2.0), 2.0)).abs() + torch.relu(a.double())
+        assert_matches(k(s, a), want)
+        assert_matches(k(s, a), evaluate(k._last.ir, {"s": s, "A": a})[0])
