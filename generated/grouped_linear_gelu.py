@@ -17,6 +17,8 @@ _I32_LIMIT = 2**31 - 2**16
 def _check_tensor(name, value, dtype, rank, declared):
     if not isinstance(value, torch.Tensor):
         raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
+    if value.is_nested:   # its layout reads "strided", but it has no sizes or strides (torch raises on .shape)
+        raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a nested one")
     if value.dtype != dtype or value.dim() != rank:
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
     if value.layout is not torch.strided:
@@ -85,11 +87,12 @@ def _outputs(out, device, inputs, *specs, inplace=False):
 
 
 def _check_out(label, value, shape, dtype, device):
-    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
+    if not isinstance(value, torch.Tensor) or value.is_nested or value.shape != shape or value.dtype != dtype \
             or value.device != device or value.layout is not torch.strided or value.is_neg():
-        got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-            + (" with torch's lazy negation bit" if value.is_neg() else "") \
-            if isinstance(value, torch.Tensor) else type(value).__name__
+        got = type(value).__name__ if not isinstance(value, torch.Tensor) else \
+            f"a nested {value.dtype} tensor on {value.device}" if value.is_nested else \
+            f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
+            + (" with torch's lazy negation bit" if value.is_neg() else "")
         raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
                             f"got {got}")
     if _self_overlapping(value):
@@ -249,9 +252,10 @@ def _group_len(*named):
 def _group_check(name, values, dtype, rank, declared):
     """The shapes of a list's tensors, each checked to be a tensor of `dtype` and `rank`."""
     try:
-        shapes = [t.shape for t in values]
-        fine = {(t.dtype, t.layout, t.is_neg()) for t in values} == {(dtype, torch.strided, False)} \
-            and {len(s) for s in shapes} == {rank}
+        # nested tensors first: torch raises on their .shape
+        fine = {(t.dtype, t.layout, t.is_neg(), t.is_nested) for t in values} == {(dtype, torch.strided, False, False)}
+        shapes = [t.shape for t in values] if fine else None
+        fine = fine and {len(s) for s in shapes} == {rank}
     except AttributeError:
         fine = False
     if not fine:
@@ -465,9 +469,10 @@ def _group_offs(offs, G, device, source, T, rows):
             raise ArgumentError("offs: expected int32 row ends, got a value outside int32")
         offs = torch.tensor(ends, dtype=torch.int32, pin_memory=device.type == "cuda")
         offs = offs.to(device, non_blocking=True)
-    if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64) or offs.dim() != 1:
-        got = f"a {offs.dtype} tensor of shape {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) \
-            else type(offs).__name__
+    if not isinstance(offs, torch.Tensor) or offs.is_nested or offs.dtype not in (torch.int32, torch.int64) \
+            or offs.dim() != 1:
+        got = type(offs).__name__ if not isinstance(offs, torch.Tensor) else "a nested tensor" if offs.is_nested \
+            else f"a {offs.dtype} tensor of shape {tuple(offs.shape)}"
         raise ArgumentError(f"offs: expected a 1-D int32 tensor of where each problem's rows end, got {got}")
     if G == 0:
         raise ArgumentError(f"{source}: expected at least one problem, got none")
@@ -891,13 +896,13 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     offs = _group_offs(offs, G, device, "W", T, "X")
     Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b), ("offs", offs)),
                   ("Y", (T, N), torch.float16))
+    if config is not None:   # checked where nothing is launched too: a bad config is a bad call
+        _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+                      ("programs_per_sm", "FLATTEN", "TMA"))
     if Y.numel() == 0:
         return Y
     if config is None:
         config = _grouped_linear_gelu_config([T], [N], [K], device)
-    else:
-        _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-                      ("programs_per_sm", "FLATTEN", "TMA"))
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)

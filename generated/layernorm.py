@@ -17,6 +17,8 @@ _I32_LIMIT = 2**31 - 2**16
 def _check_tensor(name, value, dtype, rank, declared):
     if not isinstance(value, torch.Tensor):
         raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
+    if value.is_nested:   # its layout reads "strided", but it has no sizes or strides (torch raises on .shape)
+        raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a nested one")
     if value.dtype != dtype or value.dim() != rank:
         raise ArgumentError(f"{name}: expected {declared}, got a {value.dtype} tensor of shape {tuple(value.shape)}")
     if value.layout is not torch.strided:
@@ -85,11 +87,12 @@ def _outputs(out, device, inputs, *specs, inplace=False):
 
 
 def _check_out(label, value, shape, dtype, device):
-    if not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype \
+    if not isinstance(value, torch.Tensor) or value.is_nested or value.shape != shape or value.dtype != dtype \
             or value.device != device or value.layout is not torch.strided or value.is_neg():
-        got = f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-            + (" with torch's lazy negation bit" if value.is_neg() else "") \
-            if isinstance(value, torch.Tensor) else type(value).__name__
+        got = type(value).__name__ if not isinstance(value, torch.Tensor) else \
+            f"a nested {value.dtype} tensor on {value.device}" if value.is_nested else \
+            f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
+            + (" with torch's lazy negation bit" if value.is_neg() else "")
         raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
                             f"got {got}")
     if _self_overlapping(value):

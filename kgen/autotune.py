@@ -237,12 +237,14 @@ class Tuner:
         self.cache: DiskCache | None = None
         self.tuned = 0                   # problems timed in this process (tests read it)
         self.last: dict | None = None    # the config of the last tuned call (None: the heuristic)
+        self.fresh = None                # the memory key that the last call added, if it added one
         self._lock = threading.Lock()
         # KGEN_AUTOTUNE is read once, when the kernel is compiled: the per-call path stays short
         self.active = len(tuning.configs) >= 2 and (force or enabled())
 
     def choose(self, args, kwargs) -> dict | None:
         """The config for this call, or None for the host function's own heuristic."""
+        self.fresh = None
         if not self.active or "config" in kwargs:
             return None
         # The per-call path: one dict lookup on the arguments' dtypes, shapes and strides.
@@ -251,15 +253,28 @@ class Tuner:
             if fast is None:
                 return None              # the host function reports it
         else:
-            fast = tuple(map(_signature, args))
-            if kwargs:
-                fast += tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out")
+            try:
+                fast = tuple(map(_signature, args))
+                if kwargs:
+                    fast += tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out")
+            except RuntimeError:   # a tensor torch has no sizes for (a nested one)
+                return None              # the host function reports it
         config = self.memory.get(fast, _MISSING)
         if config is _MISSING:
             config = self._choose(args, kwargs, fast if self.tuning.key is not None else None)
             self.memory[fast] = config
+            self.fresh = fast
         self.last = config
         return config
+
+    def forget(self) -> None:
+        """Drop what the last call added to memory: the host refused that call.  Its decision
+        may be None for the call's fault alone (arguments that do not bind, tensors on mixed
+        devices), and a key need not tell that call from a good one (a grouped GEMM's key
+        holds neither the keywords nor the devices), which would then never be tuned."""
+        if self.fresh is not None:
+            self.memory.pop(self.fresh, None)
+            self.fresh = None
 
     def _choose(self, args, kwargs, key: str | None = None) -> dict | None:
         try:

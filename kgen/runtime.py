@@ -177,8 +177,12 @@ class Kernel:
                 return host(*args, **kwargs)
             return host(*args, config=config, **kwargs)
         except self._argument_error as e:
+            if tuner is not None:
+                tuner.forget()   # the tuner's decision for a refused call must not stand for a good one
             raise CallError(f"{label}: {e}") from None
         except Exception as e:
+            if tuner is not None:
+                tuner.forget()
             if isinstance(e, TypeError) and e.__traceback__.tb_next is None:  # raised binding the arguments
                 raise CallError(f"{signature}: {e}") from None
             if "config" in kwargs:   # a config given by hand that the host function or Triton refused
@@ -221,8 +225,11 @@ class HeaderlessKernel:
             args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
-        key = tuple((a.dtype, tuple(s == 1 for s in a.shape)) if isinstance(a, torch.Tensor) else
-                    _list_key(a) if isinstance(a, (list, tuple)) else type(a) for a in args)
+        try:
+            key = tuple((a.dtype, tuple(s == 1 for s in a.shape)) if isinstance(a, torch.Tensor) else
+                        _list_key(a) if isinstance(a, (list, tuple)) else _number_key(a) for a in args)
+        except RuntimeError:   # torch has no sizes for it: a nested tensor
+            raise CallError(_nested_input(self.inputs, args)) from None
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._specialize(key, args)
@@ -240,17 +247,19 @@ class HeaderlessKernel:
             args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
+        if _has_nested(args):
+            raise CallError(_nested_input(self.inputs, args))
         named = [(name, a) for name, a in zip(self.inputs, args) if isinstance(a, torch.Tensor) and a.dim() == 2]
         first = next((a for name, a in named if name in self._lhs), named[0][1] if named else None)
         if first is None:
             raise CallError("moe: expected a 2-D tensor whose rows are the problems' rows (A: [T, K])")
         groups = len(offs) if isinstance(offs, (list, tuple)) else \
-            offs.shape[0] if isinstance(offs, torch.Tensor) and offs.dim() == 1 else None
+            offs.shape[0] if isinstance(offs, torch.Tensor) and offs.dim() == 1 and not offs.is_nested else None
         rows = first.shape[0]
         key = []
         for name, a in zip(self.inputs, args):
             if not isinstance(a, torch.Tensor):
-                key.append(type(a))
+                key.append(_number_key(a))
                 continue
             ragged = a.dim() == 2 and a.shape[0] == rows
             if ragged and a is not first and rows == groups:
@@ -332,6 +341,30 @@ class HeaderlessKernel:
 
 
 _EMPTY_LIST = ("empty list",)
+
+
+def _number_key(value):
+    """A Python number's kind (bool, int or float), subclasses included as the host function
+    takes them (numpy's float64 is a float); any other value's own type, for the error."""
+    return bool if isinstance(value, bool) else int if isinstance(value, int) else \
+        float if isinstance(value, float) else type(value)
+
+
+def _has_nested(values) -> bool:
+    """Whether a value (or a problem of a list) is a nested tensor, which has no sizes to key by."""
+    return any(isinstance(v, torch.Tensor) and v.is_nested or
+               isinstance(v, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.is_nested for t in v)
+               for v in values)
+
+
+def _nested_input(names, args) -> str:
+    """The message for a call with a nested tensor: the first one's name (and index, in a list)."""
+    for name, a in zip(names, args):
+        for label, t in [(name, a)] if isinstance(a, torch.Tensor) else \
+                [(f"{name}[{i}]", t) for i, t in enumerate(a)] if isinstance(a, (list, tuple)) else []:
+            if isinstance(t, torch.Tensor) and t.is_nested:
+                return f"{label}: expected a dense tensor, got a nested one"
+    return "expected dense tensors, got one without sizes"
 
 
 def _list_key(values):

@@ -954,3 +954,36 @@ def test_gpu_moe_every_candidate_config(untuned, dtype, text):
     for config in getattr(module, f"{k._last.name}_configs"):
         got = getattr(module, f"{k._last.name}_moe")(*args, offs=torch.tensor(offs, device="cuda"), config=config)
         assert_close(got, want, moe_bound(a, w, offs), 1.2, "tf32")
+
+
+@pytest.mark.parametrize("form", ["lists", "moe"])
+def test_a_refused_call_leaves_no_decision_for_a_good_one(cache, form):
+    """The group key holds neither the keywords nor the devices: a call the host refuses (a
+    misspelt keyword here; on a GPU, a list on another device) must not leave its decision
+    (None, the heuristic) in the tuner's memory, where the corrected call would find it and
+    never be tuned."""
+    k = kgen.compile("specs/grouped_gemm.k")
+    if form == "lists":
+        args, kwargs, host, tuning = ([randn(40, 16)], [randn(16, 32)]), {}, k._host, k._tuner.tuning
+        call = k
+    else:
+        args, kwargs = (randn(40, 16), randn(1, 16, 32)), {"offs": [40]}
+        host, tuning, call = k._moe_host, k._moe_tuner.tuning, k.moe
+    args = tuple(a.half() if isinstance(a, torch.Tensor) else [t.half() for t in a] for a in args)
+    tuner = autotune.Tuner(host, autotune.Tuning(CONFIGS, tuning.prune, tuning.key), k.source, k.name + form,
+                           bench=fake_clock({(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0}),
+                           device_name="fake-gpu", force=True)
+    k._tuner = k._moe_tuner = tuner
+    with pytest.raises(kgen.CallError, match="unexpected keyword argument 'otu'"):
+        call(*args, **kwargs, otu=None)
+    assert tuner.tuned == 0
+    got = call(*args, **kwargs)
+    assert tuner.tuned == 1 and tuner.last == CONFIGS[1]     # the fastest on the fake clock
+    a, b = (args[0][0], args[1][0]) if form == "lists" else (args[0], args[1][0])
+    torch.testing.assert_close((got[0] if form == "lists" else got).float(), a.float() @ b.float(),
+                               atol=2e-2, rtol=1e-2)
+
+
+def fake_clock(times):
+    """A bench that runs each candidate once (on the interpreter) and reports a made-up time."""
+    return lambda run, config: (run(), times[(config["BLOCK_M"], config["BLOCK_N"])])[1]

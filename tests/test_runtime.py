@@ -91,6 +91,28 @@ def test_scalar_arguments_accept_python_numbers(act):
                                    .half().double(), atol=1e-3, rtol=2e-3)
 
 
+
+def test_number_subclasses_are_python_numbers_in_every_calling_form(act):
+    """numpy's float64 is a Python float and an IntEnum a Python int: the headerless form takes
+    them as the declared form does (as runtime scalars), for the list and MoE forms too."""
+    import enum
+
+    import numpy
+
+    class Three(enum.IntEnum):
+        N = 3
+    x = x16(5)
+    want = act(x, 0.5, 3)
+    torch.testing.assert_close(act(x, numpy.float64(0.5), Three.N), want)
+    k = kgen.compile("Y = leaky_relu(X, alpha) * n")
+    torch.testing.assert_close(k(x, numpy.float64(0.5), Three.N), want)
+    torch.testing.assert_close(k(x, alpha=numpy.float64(0.5), n=Three.N), want)
+    mm = kgen.compile("C = A @ B * s")
+    a, b = torch.randn(4, 16, device=DEVICE), torch.randn(16, 8, device=DEVICE)
+    torch.testing.assert_close(mm([a], [b], numpy.float64(2.0))[0], a @ b * 2, atol=1e-2, rtol=1e-2)   # TF32 on GPUs
+    torch.testing.assert_close(mm.moe(a, b[None], numpy.float64(2.0), offs=[4]), a @ b * 2, atol=1e-2, rtol=1e-2)
+
+
 HEADERLESS = "Y = X * sigmoid(X) + B"
 
 
@@ -259,6 +281,45 @@ def test_sparse_and_meta_tensors_are_refused_before_any_launch(spec, kind, messa
     assert launches.count == 0
 
 
+
+def _nested(shape, dtype):
+    """A nested tensor of `shape`'s rank: its layout reads torch.strided, but torch raises on its .shape."""
+    return torch.nested.nested_tensor([torch.ones(shape[1:], dtype=dtype) for _ in range(shape[0])]).to(DEVICE)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("spec", sorted(PATTERN_SPECS))
+@pytest.mark.parametrize("where", ["input", "out", "headerless", "moe", "offs", "headerless offs"])
+def test_nested_tensors_are_refused_before_any_launch(spec, where, watch):
+    """A nested tensor (given as an input, an out=, the MoE form's operands or offs, to a
+    declared or a headerless kernel) is a CallError naming it, not torch's RuntimeError from
+    its .shape."""
+    listed, shapes = PATTERN_SPECS[spec]
+    dtype = torch.float32 if spec.endswith("vector_add.k") else torch.float16
+    wrap = (lambda t: [t]) if listed else (lambda t: t)
+    args = [wrap(x16(*s).to(dtype)) for s in shapes]
+    if where.startswith("headerless"):
+        k = kgen.compile("C = A @ B" if "gemm" in spec else "y = x - max(x)" if "softmax" in spec else "y = a + b")
+    else:
+        k = kgen.compile(spec)
+    out, call = None, k
+    if where in ("moe", "offs", "headerless offs"):
+        if not listed:
+            pytest.skip("the MoE form is a grouped GEMM's")
+        args = [args[0][0], args[1][0][None]]
+        offs = _nested((1,), torch.int32) if where.endswith("offs") else \
+            torch.tensor([4], dtype=torch.int32, device=DEVICE)
+        call = lambda *a, out=None: k.moe(*a, offs=offs, out=out)   # noqa: E731
+    if where == "out":
+        out = wrap(_nested(tuple(k(*args)[0].shape if listed else k(*args).shape), dtype))
+    elif not where.endswith("offs"):
+        args[0] = _nested(shapes[0], dtype) if where == "moe" else wrap(_nested(shapes[0], dtype))
+    launches = None if where.startswith("headerless") else watch(k.module)
+    with pytest.raises(CallError, match=r"(offs|out \(\w+(\[0\])?\)|\w+(\[0\])?): expected .*nested"):
+        call(*args, out=out)
+    assert launches is None or launches.count == 0
+
+
 def test_negative_defaults_are_used_as_written():
     k = kgen.compile("kernel f(X: f32[N], a: f32 = -2.5, n: i32 = -2147483648) -> (Y: f32[N], Z: f32[N]) {\n"
                      "    Y = X * a\n    Z = X + n\n}\n")
@@ -366,6 +427,27 @@ def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error():
         result, want = call(good), call(None)
         for r, w in zip(result if isinstance(result, list) else [result], want if isinstance(want, list) else [want]):
             torch.testing.assert_close(r, w, atol=1e-2, rtol=1e-2)
+
+
+
+def test_a_config_that_does_not_fit_is_a_call_error_on_empty_problems_too():
+    """A call that launches nothing (0 elements, M = 0, T = 0) checks its config= all the same:
+    whether a bad config is an error must not depend on the sizes of the call."""
+    x = torch.randn(0, device=DEVICE)
+    add = kgen.compile("kernel add(x: f32[N], y: f32[N]) -> z: f32[N] {\n    z = x + y\n}\n")
+    lin = kgen.compile(ROOT / "specs" / "linear_gelu.k")
+    X, W, b = (torch.randn(*s, device=DEVICE, dtype=torch.float16) for s in ((0, 24), (24, 16), (16,)))
+    grouped = kgen.compile(ROOT / "specs" / "grouped_gemm.k")
+    B = torch.randn(2, 24, 16, device=DEVICE, dtype=torch.float16)
+    offs = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    calls = [lambda config: add(x, x, config=config), lambda config: lin(X, W, b, config=config),
+             lambda config: grouped([X, X], [B[0], B[1]], config=config),
+             lambda config: grouped.moe(X, B, offs=offs, config=config)]
+    for call in calls:
+        with pytest.raises(CallError, match="config: expected a dict"):
+            call(5)
+        with pytest.raises(CallError, match="config: expected .*, got no "):
+            call({})
 
 
 def test_every_candidate_config_passes_the_hosts_own_check():

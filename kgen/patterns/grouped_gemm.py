@@ -536,7 +536,7 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
     try:
         seen = (lhs, rhs, a[0].dtype, *[t.shape for t in a], *[t.shape for t in b],
                 *[t.stride() for t in a], *[t.stride() for t in b])
-    except (TypeError, AttributeError, IndexError):
+    except (TypeError, AttributeError, IndexError, RuntimeError):   # RuntimeError: a nested tensor's .shape
         return None
     return _remembered(seen, lambda: _group_signature(a, b, lhs, rhs))
 
@@ -570,7 +570,8 @@ def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
     remembered per dtype, shapes and strides, as the list form's."""
     values = _bind(args, kwargs, names)
     a, b = values.get(lhs), values.get(rhs)
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3 \
+            or a.is_nested or b.is_nested:   # (torch raises on a nested tensor's .shape)
         return None
     seen = ("moe", lhs, rhs, a.dtype, a.shape, b.shape, a.stride(), b.stride())
     return _remembered(seen, lambda: _moe_signature(a, b, lhs, rhs))
