@@ -433,6 +433,8 @@ class _Checker:
         if op is Op.DIV and not dtype.is_float:
             dtype = D.F32
         if op is Op.POW and not dtype.is_float:
+            if a.op is Op.CONST and b.op is Op.CONST:   # numbers alone (x * 2 ** 3): Python's value
+                return _integer_power(a.arg, b.arg, e.span)
             raise SpecError("integer powers are not supported; cast the base with f32(...)", e.span)
         return Node(op, dtype, shape, (a, b), None, e.span)
 
@@ -623,6 +625,21 @@ def _folded(node: Node) -> Node:
     if not node.dtype.is_float and -2**31 <= value < 2**31:
         return Node(Op.CONST, D.I32, (), (), int(value), node.span)
     return Node(Op.CONST, D.F32, (), (), float(value), node.span)
+
+
+def _integer_power(base: int, exponent: int, span: Span) -> Node:
+    """``2 ** 3`` on numbers alone, as Python computes it: an integer for an exponent of 0 or
+    more (a float past int32, as the parser reads ``2147483648``), a float for a negative one
+    (``2 ** -1`` is 0.5).  Not through the reference's int64 ``torch.pow``, which raises on a
+    negative exponent and wraps past int64 (``3 ** 40``): exactly where the result fits 63
+    bits, else in float64 (``10 ** 400`` is inf, as ``1e400`` would be)."""
+    if exponent >= 0 and (abs(base) <= 1 or exponent * math.log2(abs(base)) < 62):
+        value: int | float = base ** exponent
+    else:
+        value = torch.pow(torch.tensor(float(base), dtype=torch.float64), float(exponent)).item()
+    if isinstance(value, int) and -2**31 <= value < 2**31:
+        return Node(Op.CONST, D.I32, (), (), value, span)
+    return Node(Op.CONST, D.F32, (), (), float(value), span)
 
 
 def _promoted(x: Node, common: DType, compare: bool = False) -> Node:

@@ -79,7 +79,9 @@ WEAK_CASTS = {
     D.BF16: ("tl.cast({0}, tl.bfloat16).to(tl.float32)", CALL, (0,)),
     D.F32: ("tl.cast({0}, tl.float32)", CALL, (0,)),
     D.I32: ("tl.cast({0}, tl.int32)", CALL, (0,)),
-    D.BOOL: CASTS[D.BOOL],
+    # not ``{0} != 0``: on Triton's interpreter a float argument is a Python float, and b != 0 a
+    # Python bool, which has no ``.to`` for a cast around it (f32(bool(b)))
+    D.BOOL: ("tl.cast({0}, tl.int1)", CALL, (0,)),
 }
 
 # Ops whose Triton functions take floating operands only: an integer operand is
@@ -195,6 +197,10 @@ class Printer:
             text, p = self.expr(operand)
             if node.op is Op.POW and operand is node.inputs[0] and operand.is_weak:
                 text, p = WEAK_CASTS[D.F32][0].format(text), CALL  # powf reads the base's sign bit
+            elif node.op is Op.DIV and operand is node.inputs[0] and node.is_weak:
+                # numbers alone (b / c of float arguments) stay Python floats on Triton's interpreter,
+                # where b / 0.0 raises ZeroDivisionError: an f32 numerator divides as the GPU does (inf)
+                text, p = WEAK_CASTS[D.F32][0].format(text), CALL
             elif node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
                 text, p = self._to_f32(operand, text, p)
             args.append(f"({text})" if p < need else text)

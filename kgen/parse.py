@@ -288,7 +288,12 @@ class _Builder(Transformer):
     def neg(self, meta, items):
         (operand,) = items
         if isinstance(operand, S.Number):
-            return S.Number(-operand.value, "-" + operand.text, self._s(meta))
+            value = -operand.value
+            if operand.text.isdigit() and len(operand.text.lstrip("0")) <= 10 and int(operand.text) == 2**31:
+                value = -2**31   # int32's least: an integer, though 2147483648 alone is past int32 (a float)
+            elif isinstance(value, int) and value >= 2**31:
+                value = float(value)   # --2147483648: past int32, a float as 2147483648 is
+            return S.Number(value, "-" + operand.text, self._s(meta))
         return S.Neg(operand, self._s(meta))
 
     def unary(self, meta, items):  # unary plus

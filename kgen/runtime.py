@@ -395,7 +395,8 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     if isinstance(text_or_path, os.PathLike) or isinstance(text_or_path, str) and _names_a_file(text_or_path):
         path = Path(text_or_path)
         try:
-            return path.read_text(encoding="utf-8"), display_path(path)
+            # utf-8-sig: a byte-order mark, as Windows editors save one, is no character of the spec
+            return path.read_text(encoding="utf-8-sig"), display_path(path)
         except FileNotFoundError:
             raise KgenError(f"{path}: no such spec file") from None
         except (OSError, UnicodeDecodeError) as e:

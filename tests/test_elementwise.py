@@ -892,6 +892,15 @@ _I32 = torch.int32
     ("y = x + (2147483647 + 1)", (torch.tensor([1, 2], dtype=_I32),), lambda x: x + 2147483648.0),
     ("y = x * exp(1.0) - (-(2 ** 0.5))", (torch.tensor([1., -2.]),), lambda x: x * math.e + 2 ** 0.5),
     ("y = where(1 < 2, x, 0.0)", (torch.tensor([1., -2.]),), lambda x: x),
+    # integer powers of numbers alone are Python's: exact, a float past int32 or for a negative exponent
+    ("y = x ** 2 ** 3", (torch.tensor([1., -2.]),), lambda x: x ** 2 ** 3),
+    ("y = c * 2 ** 3 - (-3) ** 3", (torch.tensor([1, -2], dtype=_I32),), lambda c: c * 2 ** 3 - (-3) ** 3),
+    ("y = c * 2 ** -1", (torch.tensor([1, -2], dtype=_I32),), lambda c: c * 2 ** -1),
+    ("y = x * 3 ** 40", (torch.tensor([1., -2.]),), lambda x: x * float(3 ** 40)),
+    # -2147483648 is int32's least, an integer (2147483648 alone is past int32, a float)
+    ("y = c + -2147483648", (torch.tensor([1, -2], dtype=_I32),), lambda c: c + -2147483648),
+    ("y = c + -(2147483648) - --2147483648", (torch.tensor([1, -2], dtype=_I32),),
+     lambda c: c + -2147483648 - 2147483648.0),
 ])
 def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
     """Math on numbers alone is folded as the reference computes it, so the kernel never
@@ -901,6 +910,22 @@ def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
     got = kgen.compile(text)(*args)
     want = fn(*args)
     assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+
+
+@pytest.mark.parametrize("text, fn", [
+    ("y = x + b / c", lambda x, b, c: x + b / c),
+    ("y = x + 1 / (b * c)", lambda x, b, c: x + 1 / (b * c)),
+    ("y = x + f32(bool(b)) - i32(bool(c))", lambda x, b, c: x + b.bool().float() - c.bool().int()),
+])
+@pytest.mark.parametrize("b, c", [(2.0, 0.0), (-2.5, 0.0), (math.nan, 0.0), (0.0, 3.0)])
+def test_math_on_float_arguments_alone_computes_as_torch_does(text, fn, b, c):
+    """Float arguments stay Python floats on Triton's interpreter: their quotient by 0.0 raised
+    ZeroDivisionError and bool(b) was a Python bool with no .to for the cast around it; the
+    GPU computes both as torch does (inf, NaN, True), and so does the interpreter now."""
+    x = torch.tensor([1.0, -2.0], device=DEVICE)
+    got = kgen.compile(text)(x, b, c)
+    want = fn(x.double(), torch.tensor(b, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
+    assert torch.allclose(got.double(), want, rtol=1e-6, equal_nan=True), (got, want)
 
 
 @pytest.mark.parametrize("text", ["y = x ** p", "y = x ** (p * 1.0)"])

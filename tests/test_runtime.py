@@ -209,6 +209,15 @@ def test_a_file_with_several_kernels_gives_them_by_name(tmp_path):
         ks.triple
 
 
+def test_a_spec_file_saved_with_a_byte_order_mark_and_crlf_compiles(tmp_path):
+    """Windows editors save UTF-8 with a byte-order mark and CRLF line ends: the mark is no
+    character of the spec (it was an 'unexpected character' at 1:1), as it is none of Python's."""
+    spec = tmp_path / "bom.k"
+    spec.write_bytes("\ufeffkernel twice(X: f32[N]) -> Y {\r\n    Y = X * 2\r\n}\r\n".encode("utf-8"))
+    x = torch.randn(6, device=DEVICE)
+    torch.testing.assert_close(kgen.compile(spec)(x), x * 2)
+
+
 def test_headerless_source_before_and_after_a_call():
     k = kgen.compile("Y = exp(X) + B")
     assert k.inputs == ("X", "B") and k.outputs == ("Y",)
