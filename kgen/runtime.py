@@ -220,7 +220,7 @@ class HeaderlessKernel:
         self._kernels: dict[tuple, Kernel] = {}
         self._last: Kernel | None = None
 
-    def __call__(self, *args, out=None, **kwargs):
+    def __call__(self, *args, out=None, config=None, **kwargs):
         if kwargs:
             args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
@@ -234,9 +234,9 @@ class HeaderlessKernel:
         if kernel is None:
             kernel = self._specialize(key, args)
         self._last = kernel
-        return kernel(*args, out=out)
+        return kernel(*args, out=out, **_given(config))
 
-    def moe(self, *args, offs=None, out=None, **kwargs):
+    def moe(self, *args, offs=None, out=None, config=None, **kwargs):
         """The grouped GEMM of these statements in the MoE layout (see ``Kernel.moe``).  The
         call decides what each tensor is: rank 3, problems stacked ``[G, ...]``; rank 2,
         rows stacked ``[T, ...]`` when it has as many rows as the matmul's left operand
@@ -272,7 +272,7 @@ class HeaderlessKernel:
         if kernel is None:
             kernel = self._specialize(key, args)
         self._last = kernel
-        return kernel.moe(*args, offs=offs, out=out)
+        return kernel.moe(*args, offs=offs, out=out, **_given(config))
 
     def _bind(self, args, kwargs):
         bound = list(args) + [None] * (len(self.inputs) - len(args))
@@ -341,6 +341,12 @@ class HeaderlessKernel:
 
 
 _EMPTY_LIST = ("empty list",)
+
+
+def _given(config) -> dict:
+    """config= as the generated host function takes it: passed on only when the call gives one
+    (a row reduction's host has none to take)."""
+    return {} if config is None else {"config": config}
 
 
 def _number_key(value):

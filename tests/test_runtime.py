@@ -568,3 +568,24 @@ def test_build_refuses_targets_it_cannot_write(tmp_path, monkeypatch, out, messa
         with pytest.raises(KgenError, match=re.escape(message)):
             kgen.build(ROOT / "specs" / "vector_add.k", out, force=force)
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_headerless_kernels_take_a_config_by_hand():
+    """config= reaches the generated host function of a headerless kernel, checked as a
+    declared kernel's is; a row reduction, which takes none, says so."""
+    x = torch.randn(20, 24, device=DEVICE)
+    w = torch.randn(24, 16, device=DEVICE)
+    mm = kgen.compile("C = relu(A @ B)")
+    config = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
+    torch.testing.assert_close(mm(x, w, config=config), mm(x, w), atol=1e-4, rtol=1e-4)
+    with pytest.raises(CallError, match="config: expected BLOCK_M a power of two of at least 16, got 24"):
+        mm(x, w, config={**config, "BLOCK_M": 24})
+    offs = torch.tensor([7, 20], dtype=torch.int32, device=DEVICE)
+    stacked = torch.stack([w, w])
+    torch.testing.assert_close(mm.moe(x, stacked, offs=offs, config=config), mm.moe(x, stacked, offs=offs))
+    add = kgen.compile("y = x * 2")
+    torch.testing.assert_close(add(x, config={"BLOCK_SIZE": 64, "num_warps": 2}), x * 2)
+    with pytest.raises(CallError, match="config: expected BLOCK_SIZE, num_warps, got no num_warps"):
+        add(x, config={"BLOCK_SIZE": 64})
+    with pytest.raises(CallError, match="unexpected keyword argument 'config'"):
+        kgen.compile("Y = X - max(X)")(x, config={"BLOCK_N": 32})
