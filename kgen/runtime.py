@@ -32,7 +32,9 @@ _announced = False
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen")
+    """$KGEN_CACHE_DIR, ``~`` expanded as a shell would (the variable may come quoted, from a
+    config file) and a relative path taken from the current folder, or ``~/.cache/kgen``."""
+    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen").expanduser().absolute()
 
 
 def use_interpreter_if_no_gpu() -> bool:

@@ -589,3 +589,19 @@ def test_headerless_kernels_take_a_config_by_hand():
         add(x, config={"BLOCK_SIZE": 64})
     with pytest.raises(CallError, match="unexpected keyword argument 'config'"):
         kgen.compile("Y = X - max(X)")(x, config={"BLOCK_N": 32})
+
+
+def test_a_cache_folder_given_with_a_tilde_or_relative_is_where_a_shell_would_put_it(tmp_path, monkeypatch):
+    """KGEN_CACHE_DIR='~/kc' (quoted, so no shell expanded it) is $HOME/kc, not a folder named
+    '~' under the current one; a relative folder is taken from the current folder."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("KGEN_CACHE_DIR", "~/kc")
+    x = torch.randn(5, device=DEVICE)
+    torch.testing.assert_close(kgen.compile("y = x * 3 + 1")(x), x * 3 + 1)
+    assert list((home / "kc").glob("*.py")) and not (work / "~").exists()
+    monkeypatch.setenv("KGEN_CACHE_DIR", "relative/kc")
+    torch.testing.assert_close(kgen.compile("y = x * 5 - 1")(x), x * 5 - 1)
+    assert list((work / "relative" / "kc").glob("*.py"))
