@@ -164,7 +164,9 @@ def _check_headerless(k: S.Kernel, module: S.Module, args: tuple[Arg, ...], sche
         shape = None if a.ones is None else tuple(1 if one else f"_{i}_{ax}" for ax, one in enumerate(a.ones))
         params.append((name, a.dtype, shape, a.is_list))
     try:
-        _same_rows(first, first.kernel(_headerless_kernel(k, params, outputs), schedule))
+        kir = first.kernel(_headerless_kernel(k, params, outputs), schedule)
+        _same_rows(first, kir)
+        _same_outputs(first, kir)
     except SpecError as e:  # name the dims as pass 2 would: f16[M, N], never f16[_0_0, _0_1]
         rename = first.canonical_names(set(inputs) | {a.target.id for a in k.body})
         raise type(e)(re.sub(r"\b_\d+_\d+\b", lambda m: rename.get(m.group(0), m.group(0)), e.message),
@@ -189,6 +191,17 @@ def _same_rows(checker: _Checker, kir: KernelIR) -> None:
                 for mine, theirs in zip(reversed(n.shape), reversed(rows)):
                     if isinstance(mine, str) and isinstance(theirs, str):
                         checker._unify(theirs, mine)
+
+
+def _same_outputs(checker: _Checker, kir: KernelIR) -> None:
+    """Headerless outputs share their axes, aligned from the right (``y = x * 2; z = w + 1``:
+    w is as large as x), as one launch computes them over one index space; the call then
+    checks the sizes.  Declared kernels say so themselves."""
+    shapes = [o.node.shape for o in kir.outputs]
+    for shape in shapes[1:]:
+        for mine, theirs in zip(reversed(shape), reversed(shapes[0])):
+            if isinstance(mine, str) and isinstance(theirs, str):
+                checker._unify(theirs, mine)
 
 
 def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:

@@ -636,6 +636,24 @@ def test_several_outputs_in_order_of_assignment():
     assert isinstance(k(x), torch.Tensor)
 
 
+def test_headerless_outputs_from_different_inputs_share_their_shape():
+    """One launch computes every output over one index space: outputs read from different
+    inputs take one shape, aligned from the right, and a call whose inputs disagree is a
+    CallError before any launch; outputs of two ranks are refused at the call."""
+    k = kgen.compile("Y = A * 2; Z = exp(B) - C")
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(4, 7, generator=g).to(DEVICE), torch.randn(4, 7, generator=g).to(DEVICE)
+    c = torch.randn(7, generator=g).to(DEVICE)
+    y, z = k(a, b.t().contiguous().t(), c)
+    want = evaluate(k._last.ir, {"A": a, "B": b, "C": c})
+    assert_matches(y, want[0])
+    assert_matches(z, want[1])
+    with pytest.raises(kgen.CallError, match=r"B: expected f32\[M, N\] = \[4, 7\] \(sizes from A\)"):
+        k(a, b[:, :6], c[:6])
+    with pytest.raises(kgen.UnsupportedError, match="must share one shape"):
+        k(a, c, c)
+
+
 def test_out_argument_is_written_and_returned():
     k = kgen.compile("Y = X * 2; Z = X + 1")
     x = torch.randn(3, 4, device=DEVICE)

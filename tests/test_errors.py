@@ -122,7 +122,8 @@ CASES = [
      SpecError),
     ("matmul dtypes", K("Y = X @ W", "X: f16[M, K], W: f32[K, N]", "Y"), 2, 9, "'@' needs operands of one dtype",
      SpecError),
-    ("outputs of two shapes", "Y = A + 1; Z = B * 2", 1, 12, "must share one shape", UnsupportedError),
+    ("outputs of two shapes", K("Y = A + 1\n    Z = B * 2", "A: f16[M, N], B: f16[K]", "(Y: f16[M, N], Z: f16[K])"),
+     3, 5, "must share one shape", UnsupportedError),
     # --- schedules ------------------------------------------------------------------
     ("schedule for unknown kernel", K("Y = X", tail="schedule g {\n    BLOCK_SIZE = 64\n}\n"), 4, 10,
      "schedule for unknown kernel 'g'", SpecError),
