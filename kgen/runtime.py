@@ -409,7 +409,9 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
             raise KgenError(f"{path}: no such spec file") from None
         except (OSError, UnicodeDecodeError) as e:
             raise KgenError(f"{path}: cannot read the spec ({e})") from None
-    return str(text_or_path), "<string>"
+    if not isinstance(text_or_path, str):   # str(None) would be a spec that reads None
+        raise CallError(f"expected spec text (a str) or a path to a .k file, got {type(text_or_path).__name__}")
+    return text_or_path, "<string>"
 
 
 def _names_a_file(text: str) -> bool:

@@ -221,6 +221,15 @@ def test_missing_spec_file_and_empty_spec():
             kgen.compile(text)
 
 
+@pytest.mark.parametrize("given", [b"y = x * 2", None, 3, ["y = x * 2"]])
+def test_compile_takes_text_or_a_path_and_nothing_printed_as_one(given):
+    """str(None) is a spec that reads None, str(b"y = x") one that starts with b': neither is
+    what the caller meant."""
+    with pytest.raises(CallError, match=f"expected spec text \\(a str\\) or a path to a .k file, "
+                                        f"got {type(given).__name__}"):
+        kgen.compile(given)
+
+
 def test_a_statement_may_assign_a_name_like_a_keyword_of_the_language():
     """Only `kernel NAME` or `schedule NAME` starts a module: `schedule = X * 2` is a statement."""
     module = parse("schedule = X * 2\nY = schedule + 1", PATH)
