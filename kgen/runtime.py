@@ -22,7 +22,7 @@ import torch
 
 from . import dtypes as D
 from .check import Arg, headerless_inputs, matmul_lhs_inputs
-from .errors import CallError, KgenError, SpecError
+from .errors import CallError, KgenError, SpecError, did_you_mean
 from .parse import parse
 from .pipeline import Generated, generate
 
@@ -388,14 +388,28 @@ def _list_key(values):
     return first.dtype, ones, True
 
 
+class NoSuchKernel(CallError, AttributeError, KeyError):
+    """A name that is no kernel of the spec: a CallError, and the error a lookup raises (so
+    ``hasattr``, ``getattr(ks, name, None)`` and ``ks.get(name)`` keep working)."""
+
+    __str__ = Exception.__str__   # KeyError's would print the message quoted
+
+
 class Kernels(dict):
     """The kernels of a spec file with several, by name (``ks.softmax`` or ``ks["softmax"]``)."""
 
     def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        if name.startswith("__"):   # copy, pickle and friends look for dunders that are not there
+            raise AttributeError(name)
+        return self[name]
+
+    def __missing__(self, name):
+        raise NoSuchKernel(f"no kernel {name!r} in this spec; it defines {', '.join(self)}"
+                           + (did_you_mean(name, self) if isinstance(name, str) else ""))
+
+    def __call__(self, *args, **kwargs):
+        raise CallError(f"this spec defines several kernels ({', '.join(self)}): call one of them, "
+                        f"e.g. ks.{next(iter(self))}(...) or ks[{next(iter(self))!r}](...)")
 
 
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
@@ -454,6 +468,9 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     ``force=True``; an ``out_dir`` that is a file or a module's path, or a target that is a
     folder, is a KgenError, as is a failed write."""
     from .targets import check_out_name, write_problems, write_target   # here: kgen.targets imports this module
+    for name, value in (("path", path), ("out_dir", out_dir)):
+        if not isinstance(value, (str, os.PathLike)) and not (name == "out_dir" and value is None):
+            raise CallError(f"{name}: expected a str or os.PathLike path, got {type(value).__name__}")
     out = Path(out_dir or "generated")
     check_out_name(out, "out_dir")
     text, shown = read_spec(Path(path))

@@ -205,8 +205,25 @@ def test_a_file_with_several_kernels_gives_them_by_name(tmp_path):
     torch.testing.assert_close(ks.double(x), x * 2)
     torch.testing.assert_close(ks["shift"](x), x + 1)
     assert ks.double.module is ks.shift.module          # one module for the file
-    with pytest.raises(AttributeError):
-        ks.triple
+    # a name that is no kernel: a CallError that says which are, and still a lookup's error
+    for lookup in (lambda: ks.triple, lambda: ks["doubel"]):
+        with pytest.raises(CallError, match="no kernel '(triple|doubel)' in this spec; it defines double, shift"):
+            lookup()
+    with pytest.raises(KeyError, match="did you mean 'double'"):
+        ks["doubel"]
+    assert getattr(ks, "triple", None) is None and ks.get("triple") is None and not hasattr(ks, "triple")
+    with pytest.raises(CallError, match=r"several kernels \(double, shift\): call one of them, e.g. ks.double"):
+        ks(x)
+
+
+@pytest.mark.parametrize("path, out_dir, name, got", [(None, None, "path", "NoneType"),
+                                                      (b"specs/vector_add.k", None, "path", "bytes"),
+                                                      (ROOT / "specs" / "vector_add.k", 3, "out_dir", "int")])
+def test_build_takes_paths_and_says_which_argument_is_not_one(tmp_path, monkeypatch, path, out_dir, name, got):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CallError, match=f"{name}: expected a str or os.PathLike path, got {got}"):
+        kgen.build(path, out_dir)
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_spec_file_saved_with_a_byte_order_mark_and_crlf_compiles(tmp_path):
