@@ -45,6 +45,9 @@ from typing import Callable
 
 import torch
 
+from .errors import KgenError
+from .files import read_regular
+
 try:
     import fcntl
 except ImportError:   # not on this platform: concurrent tuners may each keep only their own entry
@@ -140,9 +143,9 @@ class DiskCache:
 
     def entries(self) -> dict[str, dict]:
         """The file's valid entries (key -> {"config": ..., "ms": ...}); {} for a file to ignore."""
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):   # unreadable, not JSON, nested past the parser
+        try:   # a FIFO in the cache (a KgenError, not a read that blocks) is a file to ignore too
+            data = json.loads(read_regular(self.path).decode("utf-8"))
+        except (OSError, KgenError, ValueError, RecursionError):   # unreadable, not JSON, nested past the parser
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or \
                 any(data.get(k) != v for k, v in self.meta.items()) or not isinstance(data.get("entries"), dict):

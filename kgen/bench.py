@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -24,7 +25,7 @@ import torch
 from . import dtypes as D
 from .errors import KgenError
 from .ir import KernelIR, Op, topo_order
-from .reference import evaluate
+from .reference import compare, evaluate
 
 # Sweeps by pattern: each point maps symbols to sizes ("rows" and "cols" are
 # resolved against the spec's own dims by ``sizes_for``).
@@ -36,6 +37,11 @@ SWEEPS = {
     # lists of 4 problems of n x n x n (`kgen bench --suite grouped` adds the MoE shape)
     "grouped_gemm": [{"square": n, "groups": 4} for n in (128, 256, 512, 1024, 2048)],
 }
+
+
+GROUPS = "groups"     # --shape groups=N: the number of problems of a kernel with list parameters
+MAX_GROUPS = 4096     # a list of that many problems per parameter, each its own tensor; more is a typo
+SEED_RANGE = 2**64    # torch.manual_seed takes 0 to 2**64 - 1 (negatives alias these)
 
 
 @dataclass
@@ -81,10 +87,9 @@ def parse_shape(text: str) -> dict[str, int]:
 def eval_size(text: str) -> int:
     """``4096`` or ``2**20``: sizes are integers or powers, nothing else, from 0 to below 2**40
     (an exponent is bounded before it is raised)."""
-    base, _, exp = text.strip().partition("**")
-    if not (base.strip().isascii() and base.strip().isdigit()) or exp and not (exp.strip().isascii()
-                                                                               and exp.strip().isdigit()):
-        raise ValueError(text)     # int() would take 1_0 and other scripts' digits
+    base, power, exp = text.strip().partition("**")
+    if not _digits(base) or power and not _digits(exp):
+        raise ValueError(text)     # int() would take 1_0 and other scripts' digits; 2** has no exponent
     size = int(base)
     if exp:
         if not 0 <= int(exp) < 64 or not 0 <= size < 2**40:
@@ -93,6 +98,10 @@ def eval_size(text: str) -> int:
     if not 0 <= size < 2**40:
         raise ValueError(text)
     return size
+
+
+def _digits(text: str) -> bool:
+    return text.strip().isascii() and text.strip().isdigit()
 
 
 def symbols(kir: KernelIR) -> list[str]:
@@ -110,11 +119,15 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
     the file has (``known``) are left to it."""
     syms = symbols(kir)
     if not sweep:
-        unknown = [k for k in point if k not in syms and k not in known and k != "groups"]
+        own = syms + ([GROUPS] if has_lists(kir) and GROUPS not in syms else [])
+        unknown = [k for k in point if k not in own and k not in known]
         if unknown:
             raise KgenError(f"--shape: {', '.join(unknown)} is not a dimension of {kir.name} "
-                            f"(its dimensions: {', '.join(syms) or 'none'})")
-        given = {k: v for k, v in point.items() if k in syms or k == "groups"}
+                            f"(its dimensions: {', '.join(syms) or 'none'})" + _groups_hint(unknown))
+        given = {k: v for k, v in point.items() if k in own}
+        if GROUPS in given and GROUPS not in syms and not 1 <= given[GROUPS] <= MAX_GROUPS:
+            raise KgenError(f"--shape: {GROUPS}= is the number of problems of {kir.name}'s lists, "
+                            f"expected 1 to {MAX_GROUPS}, got {given[GROUPS]}")
         return {**{s: 64 for s in syms if s not in given}, **given}
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
     if "square" in point:
@@ -127,6 +140,20 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
         return {s: n if s in out_shape or not out_shape else 1 for s in syms}
     last = out_shape[-1]
     return {s: 4096 if s == last else (n // 4096 if s == out_shape[0] else 1) for s in syms}
+
+
+def has_lists(kir: KernelIR) -> bool:
+    """Whether a kernel takes lists of tensors (a grouped GEMM): then --shape groups=N says how many."""
+    return any(p.is_list for p in kir.params)
+
+
+def known_names(kernels: list[KernelIR]) -> set[str]:
+    """The --shape names some kernel of a file takes: its dimensions, and groups= where one has lists."""
+    return {s for kir in kernels for s in symbols(kir)} | ({GROUPS} if any(map(has_lists, kernels)) else set())
+
+
+def _groups_hint(unknown: list[str]) -> str:
+    return f"; {GROUPS}= sets the number of problems of a kernel with list parameters" if GROUPS in unknown else ""
 
 
 def make_inputs(kir: KernelIR, sizes: dict[str, int], device, dtype: D.DType | None, seed: int = 0) -> dict:
@@ -170,8 +197,13 @@ def _dtype_arg(name: str | None) -> D.DType | None:
 
 
 def _single_kernel(path: Path, dtype: D.DType | None):
-    from .runtime import Kernel, Kernels, compile_text, read_spec
-    text, shown = read_spec(path)
+    from .runtime import read_spec
+    return _compiled_kernels(*read_spec(path), dtype)
+
+
+def _compiled_kernels(text: str, shown: str, dtype: D.DType | None) -> list:
+    """The kernels of a spec's text (as retyped by --dtype), compiled and loaded."""
+    from .runtime import Kernel, Kernels, compile_text
     compiled = compile_text(retyped(text, dtype), shown)
     if isinstance(compiled, Kernels):
         return list(compiled.values())
@@ -180,49 +212,79 @@ def _single_kernel(path: Path, dtype: D.DType | None):
     return [compiled]
 
 
+def _checked_kernels(text: str, shown: str, dtype: D.DType | None) -> list[KernelIR]:
+    """The kernels of a spec's text, checked and generated but not loaded (nothing touches a device),
+    with ``_compiled_kernels``'s errors."""
+    from .errors import SpecError
+    from .parse import parse
+    from .pipeline import generate
+    text = retyped(text, dtype)
+    module = parse(text, shown)
+    if not module.kernels:
+        raise SpecError("the spec defines no kernel", None)
+    if module.kernels[0].headerless:
+        raise KgenError(f"{shown}: run and bench need a spec with a kernel header (types and shapes)")
+    return list(generate(text, shown).kernels)
+
+
 def _outputs_tuple(result):
     return result if isinstance(result, tuple) else (result,)   # a grouped kernel's output is a list
 
 
 def run_once(args) -> int:
-    """``kgen run``: random inputs, the kernel, the reference, the max error."""
+    """``kgen run``: random inputs, the kernel, the reference, the max error and the inf/NaN
+    mismatches (a KgenError where there are any)."""
     from .runtime import use_interpreter_if_no_gpu
     dtype = _dtype_arg(args.dtype)
+    if not 0 <= args.seed < SEED_RANGE:
+        raise KgenError(f"--seed: expected an integer from 0 to 2**64 - 1 (as torch.manual_seed takes it), "
+                        f"got {args.seed}")
+    if len(args.shape) > 1:   # bench takes several points; one run checks one
+        raise KgenError(f"--shape: kgen run takes one point (--shape M=64,N=128), got {len(args.shape)}: "
+                        f"{' '.join(args.shape)} (kgen bench times several)")
+    point = parse_shape(args.shape[0] if args.shape else "")
     interpreted = use_interpreter_if_no_gpu()
     device = "cpu" if interpreted else "cuda"
-    worst = 0.0
     kernels = _single_kernel(args.path, dtype)
-    known = {s for kernel in kernels for s in symbols(kernel.ir)}
-    for kernel in kernels:
-        sizes = sizes_for(kernel.ir, parse_shape(args.shape), known=known)
-        shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
-        inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, device, None, args.seed)
-        ordered = [inputs[n] for n in kernel.inputs]
-        start = time.perf_counter()
-        got = _outputs_tuple(_allocating(f"make outputs of {shape_text}", kernel, *ordered))
-        if not interpreted:
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        want = _allocating(f"evaluate the reference of {shape_text}", evaluate, kernel.ir, inputs)
-        print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
-              f" with {shape_text or 'scalars'}:")
-        for name, g, w in zip(kernel.outputs, got, want):
-            shown = f"{g.dtype} {tuple(g.shape)}" if not isinstance(g, list) else \
-                f"{len(g)} x {g[0].dtype if g else ''} {[tuple(t.shape) for t in g]}"
-            if isinstance(g, list):   # a grouped kernel: every problem's elements
-                g, w = (torch.cat([t.double().flatten() for t in x]) for x in (g, w))
-            err = (g.double() - w.double()).abs()
-            finite = torch.isfinite(w.double()) if isinstance(w, torch.Tensor) else True
-            max_err = err[finite].max().item() if err.numel() and bool(torch.as_tensor(finite).any()) else 0.0
-            worst = max(worst, max_err)
-            print(f"  {name}: {shown}  max abs error {max_err:.3g}")
-        if interpreted:
-            print(f"  time: {elapsed * 1e3:.1f} ms (first call, interpreter)")
-        else:
-            from triton.testing import do_bench
-            ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
-            print(f"  time: {ms * 1e3:.1f} us")
+    known = known_names([kernel.ir for kernel in kernels])
+    sized = [(kernel, sizes_for(kernel.ir, point, known=known)) for kernel in kernels]   # every name checked first
+    mismatched = []
+    for kernel, sizes in sized:
+        mismatched += _run_kernel(kernel, sizes, device, interpreted, args.seed)
+    if mismatched:
+        raise KgenError(f"inf/NaN mismatches against the reference in {', '.join(mismatched)}: an inf or NaN "
+                        f"where the reference has another value, or a number where it has inf or NaN")
     return 0
+
+
+def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, seed: int) -> list[str]:
+    """One kernel of ``kgen run``: its outputs' errors printed; the outputs with inf/NaN mismatches returned."""
+    shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, device, None, seed)
+    ordered = [inputs[n] for n in kernel.inputs]
+    start = time.perf_counter()
+    got = _outputs_tuple(_allocating(f"make outputs of {shape_text}", kernel, *ordered))
+    if not interpreted:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    want = _allocating(f"evaluate the reference of {shape_text}", evaluate, kernel.ir, inputs)
+    print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
+          f" with {shape_text or 'scalars'}:")
+    mismatched = []
+    for name, g, w in zip(kernel.outputs, got, want):
+        shown = f"{g.dtype} {tuple(g.shape)}" if not isinstance(g, list) else \
+            f"{len(g)} x {g[0].dtype if g else ''} {[tuple(t.shape) for t in g]}"
+        max_err, wrong = compare(g, w)
+        print(f"  {name}: {shown}  max abs error {max_err:.3g}" + (f", {wrong} inf/NaN mismatch(es)" if wrong else ""))
+        if wrong:
+            mismatched.append(f"{kernel.name}.{name} ({wrong})")
+    if interpreted:
+        print(f"  time: {elapsed * 1e3:.1f} ms (first call, interpreter)")
+    else:
+        from triton.testing import do_bench
+        ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
+        print(f"  time: {ms * 1e3:.1f} us")
+    return mismatched
 
 
 def _allocating(what: str, fn, *args):
@@ -264,27 +326,26 @@ def _concrete(d, inputs, kir: KernelIR) -> int:
 
 
 def bench(args) -> int:
+    spec = _checked_bench_args(args)    # every argument, before the GPU is asked for
     if not torch.cuda.is_available():
         raise KgenError("kgen bench needs a CUDA GPU (use kgen run to check results on the interpreter)")
     time_it = _graph_time if args.graph else _kernel_time if args.kernel_time else _call_time
-    if args.path is None and args.suite is None:
-        raise KgenError("kgen bench: give a spec to time, or --suite NAME")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {__import__('triton').__version__}"
           + (", GPU time per call replayed from CUDA graphs" if args.graph else "")
           + (", kernel time per call from CUPTI, L2 flushed" if args.kernel_time else ""))
-    if args.suite is not None:
+    if spec is None:
         from .suites import run
         table = run(args.suite, args.rounds, time_it)
         if args.json:
-            args.json.write_text(json.dumps(table, indent=1))
+            _write_rows(args.json, table)
         return 0
-    dtype = _dtype_arg(args.dtype)
-    kernels = _single_kernel(args.path, dtype)
+    text, shown, dtype, shape_points = spec
+    kernels = _compiled_kernels(text, shown, dtype)
     rows: list[Row] = []
-    known = {s for kernel in kernels for s in symbols(kernel.ir)}
+    known = known_names([kernel.ir for kernel in kernels])
     for kernel in kernels:
-        sweep = not args.shape
-        points = [parse_shape(s) for s in args.shape] or SWEEPS.get(kernel.pattern, [{}])
+        sweep = not shape_points
+        points = shape_points or SWEEPS.get(kernel.pattern, [{}])
         eager = _baseline(kernel.ir)
         compiled = None if args.no_compile else _compiled(eager)
         for point in points:
@@ -317,12 +378,103 @@ def bench(args) -> int:
         if dispatch:
             print(f"  dispatch on 1-element inputs: Kernel {dispatch[0]:.2f} us, host function {dispatch[1]:.2f} us, "
                   f"ratio {dispatch[0] / dispatch[1]:.3f}")
-    if args.json:
-        args.json.write_text(json.dumps([{**asdict(r), "vs_eager": r.vs_eager, "vs_compile": r.vs_compile}
-                                         for r in rows], indent=1))
+    if args.json:   # before the plot: a plot that fails keeps the rows
+        _write_rows(args.json, [{**asdict(r), "vs_eager": r.vs_eager, "vs_compile": r.vs_compile} for r in rows])
     if args.plot:
         _plot(rows, args.plot)
     return 0
+
+
+def _checked_bench_args(args) -> tuple[str, str, D.DType | None, list[dict]] | None:
+    """What ``kgen bench`` would otherwise find wrong only after timing, or on a machine without a
+    GPU: the options, where --json and --plot write, the spec and --shape's names.  The spec's
+    (text, path, --dtype, --shape points), or None for --suite."""
+    from .runtime import read_spec
+    if args.rounds < 1:
+        raise KgenError(f"--rounds: expected at least 1 round, got {args.rounds}")
+    _check_destination(args.json, "--json")
+    _check_destination(args.plot, "--plot")
+    if args.plot is not None:
+        _check_image_name(args.plot)
+    if args.suite is not None:
+        _check_suite_options(args)
+        return None
+    if args.path is None:
+        raise KgenError("kgen bench: give a spec to time, or --suite NAME")
+    dtype = _dtype_arg(args.dtype)
+    points = [parse_shape(text) for text in args.shape]
+    text, shown = read_spec(args.path)
+    kernels = _checked_kernels(text, shown, dtype)
+    known = known_names(kernels)
+    for kir in kernels:
+        for point in points:
+            sizes_for(kir, point, known=known)
+    return text, shown, dtype, points
+
+
+def _check_suite_options(args) -> None:
+    """A suite times its own specs, shapes and dtypes, always against torch.compile, and draws no
+    plot: an option it would ignore is refused rather than dropped."""
+    suite = f"--suite {args.suite}"
+    if args.path is not None:
+        raise KgenError(f"kgen bench: give a spec ({args.path}) or {suite}, not both: a suite times the "
+                        f"repository's specs")
+    ignored = [("--shape", args.shape, "times its own shapes"), ("--dtype", args.dtype, "times its own dtypes"),
+               ("--plot", args.plot, "draws no plot (--json writes its rows)"),
+               ("--no-compile", args.no_compile, "always times torch.compile")]
+    for option, given, why in ignored:
+        if given:
+            raise KgenError(f"{option}: {suite} {why}; it takes no {option}")
+
+
+def _check_destination(path: Path | None, option: str) -> None:
+    """Refuse, before any timing, a file that could not be written at the end: a name the file
+    system does not take, a folder or FIFO in its place, or a folder that is missing or read-only."""
+    import tempfile
+    from .files import check_name, display_path, existing_kind
+    if path is None:
+        return
+    check_name(path, option)
+    kind = existing_kind(path)
+    if kind not in (None, "a regular file"):
+        raise KgenError(f"{option}: {display_path(path)} is {kind}; expected a file to write")
+    folder = path.parent
+    folder_kind = existing_kind(folder)
+    if folder_kind != "a folder":
+        raise KgenError(f"{option}: {display_path(folder)} is {folder_kind or 'missing'}; expected the folder "
+                        f"to write {path.name} into")
+    try:   # as the write will: a temporary file beside the target (access() says yes to root on a read-only mount)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kgen-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise KgenError(f"{option}: cannot write into {display_path(folder)} ({e.strerror or e})") from None
+
+
+def _check_image_name(path: Path) -> None:
+    """--plot's file ends in an image format matplotlib writes (and matplotlib is there)."""
+    formats = _image_formats()
+    if path.suffix[1:].lower() not in formats:
+        raise KgenError(f"--plot: {path.name}: expected a name ending in an image format matplotlib writes "
+                        f"({', '.join('.' + f for f in sorted(formats))}), got {path.suffix or 'no suffix'}")
+
+
+def _image_formats() -> set[str]:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise KgenError("--plot needs matplotlib (pip install matplotlib)") from None
+    return set(FigureCanvasBase.get_supported_filetypes())
+
+
+def _write_rows(path: Path, rows: list) -> None:
+    """The rows as JSON, whole or not at all; a failed write is a KgenError (the rows were printed)."""
+    from .files import display_path
+    from .runtime import write_atomic
+    try:
+        write_atomic(path, json.dumps(rows, indent=1) + "\n")
+    except OSError as e:
+        raise KgenError(f"--json: cannot write {display_path(path)}: {e.strerror or e} (the rows are printed above)")
 
 
 def _call_time(fn) -> float:
@@ -438,12 +590,14 @@ def _print_row(r: Row) -> None:
 
 
 def _plot(rows: list[Row], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KgenError("--plot needs matplotlib (pip install matplotlib)") from None
+    """A bar chart of the rows' rates, written whole (a temporary file renamed) or not at all."""
+    import tempfile
+    from .files import display_path
+    from .runtime import _UMASK
+    _image_formats()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.2), 4))
     x = range(len(rows))
     for offset, (label, key) in enumerate((("kgen", "kgen_rate"), ("torch eager", "eager_rate"),
@@ -453,4 +607,16 @@ def _plot(rows: list[Row], path: Path) -> None:
     ax.set_ylabel(rows[0].unit if rows else "")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=path.suffix)
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
+        fig.savefig(tmp, dpi=120, format=path.suffix[1:].lower())
+        os.replace(tmp, path)
+    except Exception as e:   # a format's writer missing (pgf needs LaTeX), a full disk
+        raise KgenError(f"--plot: cannot write {display_path(path)}: {e}") from None
+    finally:
+        plt.close(fig)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)

@@ -2,54 +2,38 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from .errors import KgenError
+from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, name_problem, read_regular
 
 SUITE_NAMES = ("gemm", "grouped", "linear", "norms", "softmax")   # kgen/suites.py (imported on use: torch)
+SIGPIPE_STATUS = 141    # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+# the path arguments of each command and what each must name (checked before a command runs)
+PATH_ARGUMENTS = {"paths": ("PATH", "a .k file or a folder"), "path": ("PATH", "a spec file"),
+                  "out": ("-o", "a folder"), "json": ("--json", "a file to write"),
+                  "plot": ("--plot", "an image to write")}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kgen", description="Write fast Triton kernels from a few lines of math.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    b = sub.add_parser("build", help="generate <out>/<stem>.py from .k files or folders")
-    b.add_argument("paths", nargs="+", type=Path)
-    b.add_argument("-o", "--out", type=Path, default=Path("generated"), help="output folder (default: generated)")
-    b.add_argument("--check", action="store_true", help="write nothing; fail if a generated file is stale or missing")
-    b.add_argument("--force", action="store_true", help="overwrite files that kgen did not generate")
-
-    s = sub.add_parser("show", help="print a stage of the pipeline")
-    s.add_argument("path", type=Path)
-    s.add_argument("--emit", choices=("ast", "ir", "triton"), default="triton")
-
-    r = sub.add_parser("run", help="run on random data and compare with the float64 reference")
-    r.add_argument("path", type=Path)
-    r.add_argument("--shape", default="", help="sizes of symbolic dims, e.g. M=64,N=128")
-    r.add_argument("--dtype", default=None, help="override every floating input's dtype (f16, bf16, f32)")
-    r.add_argument("--seed", type=int, default=0)
-
-    n = sub.add_parser("bench", help="time against torch eager and torch.compile on the GPU")
-    n.add_argument("path", type=Path, nargs="?", help="a spec (or give --suite)")
-    n.add_argument("--suite", choices=SUITE_NAMES, default=None,
-                   help="the repository's specs against PyTorch's library calls (README: Performance)")
-    n.add_argument("--shape", action="append", default=[], help="a point to time, e.g. M=4096,N=1024 (repeatable)")
-    n.add_argument("--dtype", default=None)
-    n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
-    n.add_argument("--plot", type=Path, default=None, help="draw the rows (needs matplotlib)")
-    n.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    clock = n.add_mutually_exclusive_group()
-    clock.add_argument("--graph", action="store_true",
-                       help="time GPU work alone: every side's calls replayed from a CUDA graph (no host time)")
-    clock.add_argument("--kernel-time", action="store_true",
-                       help="time each side's kernels alone, as CUPTI records them (L2 flushed, no host time)")
-    n.add_argument("--rounds", type=int, default=3, metavar="R",
-                   help="time kgen and the baselines in turn R times; report each one's median (default 3)")
-
-    args = parser.parse_args(argv)
+    stdout = _Stdout(sys.stdout)
+    sys.stdout = stdout
     try:
+        status = _main(argv)
+    finally:
+        stdout.flush()             # inside: a reader gone by now is still one we tell apart
+        sys.stdout = stdout.stream
+    return SIGPIPE_STATUS if stdout.reader_gone and status == 0 else status
+
+
+def _main(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _paths(args)
         return COMMANDS[args.command](args)
     except KgenError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -59,17 +43,105 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kgen", description="Write fast Triton kernels from a few lines of math.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="generate <out>/<stem>.py from .k files or folders")
+    b.add_argument("paths", nargs="+")
+    b.add_argument("-o", "--out", default="generated", help="output folder (default: generated)")
+    b.add_argument("--check", action="store_true", help="write nothing; fail if a generated file is stale or missing")
+    b.add_argument("--force", action="store_true", help="overwrite files that kgen did not generate")
+
+    s = sub.add_parser("show", help="print a stage of the pipeline")
+    s.add_argument("path")
+    s.add_argument("--emit", choices=("ast", "ir", "triton"), default="triton")
+
+    r = sub.add_parser("run", help="run on random data and compare with the float64 reference")
+    r.add_argument("path")
+    r.add_argument("--shape", action="append", default=[],
+                   help="sizes of symbolic dims, e.g. M=64,N=128 (once: run takes one point)")
+    r.add_argument("--dtype", default=None, help="override every floating input's dtype (f16, bf16, f32)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs, 0 to 2**64 - 1 (default 0)")
+
+    n = sub.add_parser("bench", help="time against torch eager and torch.compile on the GPU")
+    n.add_argument("path", nargs="?", help="a spec (or give --suite)")
+    n.add_argument("--suite", choices=SUITE_NAMES, default=None,
+                   help="the repository's specs against PyTorch's library calls (README: Performance)")
+    n.add_argument("--shape", action="append", default=[], help="a point to time, e.g. M=4096,N=1024 (repeatable)")
+    n.add_argument("--dtype", default=None)
+    n.add_argument("--json", default=None, help="write the rows as JSON")
+    n.add_argument("--plot", default=None, help="draw the rows into an image (.png, .svg, .pdf, ...; needs matplotlib)")
+    n.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    clock = n.add_mutually_exclusive_group()
+    clock.add_argument("--graph", action="store_true",
+                       help="time GPU work alone: every side's calls replayed from a CUDA graph (no host time)")
+    clock.add_argument("--kernel-time", action="store_true",
+                       help="time each side's kernels alone, as CUPTI records them (L2 flushed, no host time)")
+    n.add_argument("--rounds", type=int, default=3, metavar="R",
+                   help="time kgen and the baselines in turn R times; report each one's median (default 3)")
+    return parser
+
+
+def _paths(args) -> None:
+    """The path arguments as Paths, an empty one refused: ``Path("")`` is the working folder, so
+    ``kgen build ""`` would build every spec under it, and ``-o ""`` write there."""
+    for name, (option, expected) in PATH_ARGUMENTS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(v == "" for v in values):
+            raise KgenError(f"kgen {args.command}: {option}: expected the path of {expected}, got an empty string")
+        setattr(args, name, [Path(v) for v in values] if isinstance(value, list) else Path(value))
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs.  Once the reader of a pipe has gone (``kgen show x.k |
+    head -1``), output is dropped instead of raising BrokenPipeError in the middle of the work
+    (a build goes on writing whole files), and ``main`` exits with a shell's status for it."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def _gone(self) -> None:
+        self.reader_gone = True
+        try:   # what is still buffered is flushed at exit: into /dev/null, not the closed pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass   # a stream without a descriptor (a test's capture): nothing to flush at exit
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def spec_files(paths: list[Path]) -> list[Path]:
     """The .k files named or under the folders named, in order, each once: a spec named twice
     (``specs specs/softmax.k``, ``./specs/softmax.k specs/../specs/softmax.k``) is built once."""
     files, seen = [], set()
     for p in paths:
-        if p.is_dir():
+        if _named_kind(p) == "a folder":
             found = sorted(f for f in p.rglob("*.k") if f.is_file())   # not a FIFO or a folder named x.k
-        elif p.is_file():
-            found = [p]
         else:
-            raise KgenError(f"{p}: no such file or folder")
+            found = [p]
         for f in found:
             # the real file and the module it writes: a link of another name builds its own module
             key = (os.path.realpath(f), f.stem)
@@ -79,9 +151,23 @@ def spec_files(paths: list[Path]) -> list[Path]:
     return files
 
 
+def _named_kind(path: Path) -> str:
+    """What a path named on the command line is: a folder or a regular file, else a KgenError
+    saying what it is instead (a FIFO would block the read), or why it cannot be looked at."""
+    try:
+        kind = file_kind(os.stat(path).st_mode)
+    except FileNotFoundError:
+        raise KgenError(f"{display_path(path)}: no such file or folder") from None
+    except OSError as e:   # a name too long, a folder above it that cannot be searched
+        raise KgenError(f"{abridged(display_path(path))}: cannot look at it ({e.strerror or e})") from None
+    if kind not in ("a folder", "a regular file"):
+        raise KgenError(f"{display_path(path)}: expected a .k file or a folder, got {kind}")
+    return kind
+
+
 def cmd_build(args) -> int:
     from .pipeline import generate
-    from .runtime import display_path, read_spec
+    from .runtime import read_spec
     from .targets import check_out_name, write_target
 
     check_out_name(args.out, "-o")
@@ -104,37 +190,63 @@ def cmd_build(args) -> int:
         said += [f"{len(problems)} target(s) cannot be written"] if problems else []
         print(f"{' and '.join(said)}; nothing was written", file=sys.stderr)
         return 1
-    stale = 0
+    if args.check:
+        return _check(args, results)
     for f, gen in results:
         target = args.out / (f.stem + ".py")
+        write_target(target, gen.source)
         patterns = ", ".join(f"{k.name}: {p.pattern}" for k, p in zip(gen.kernels, gen.plans))
-        if args.check:
-            try:
-                current = target.read_bytes().decode("utf-8", "replace")   # byte for byte: CRLF is stale
-            except OSError:
-                current = None
-            if current != gen.source:
-                print(f"{display_path(target)}: {'missing' if current is None else 'stale'} "
-                      f"(run kgen build {display_path(f)})")
-                stale += 1
-        else:
-            write_target(target, gen.source)
-            print(f"wrote {display_path(target)} ({patterns})")
-    if args.check:
-        targets = {args.out / (f.stem + ".py") for f, _ in results}
-        for module, spec in _orphans(args.out, [p for p in args.paths if p.is_dir()], targets):
-            print(f"{display_path(module)}: orphaned ({spec} is gone: delete the module or restore the spec)")
-            stale += 1
-        if stale:
-            return 1
-        print(f"{len(results)} generated file(s) up to date")
+        print(f"wrote {display_path(target)} ({patterns})")
     return 0
 
 
+def _check(args, results: list) -> int:
+    """``kgen build --check``: each stale, missing or orphaned module named, and the command that
+    regenerates them last; nothing written."""
+    stale = 0
+    for f, gen in results:
+        target = args.out / (f.stem + ".py")
+        why = _freshness(target, gen.source)
+        if why:
+            print(f"{display_path(target)}: {why}")
+            stale += 1
+    targets = {args.out / (f.stem + ".py") for f, _ in results}
+    orphans = _orphans(args.out, [p for p in args.paths if p.is_dir()], targets)
+    for module, spec in orphans:
+        print(f"{display_path(module)}: orphaned ({spec} is gone: delete the module or restore the spec)")
+    if stale:
+        command = " ".join(["kgen build", *map(_shell_path, args.paths), "-o", _shell_path(args.out)])
+        print(f"{stale} generated file(s) out of date; run: {command}")
+    if stale or orphans:
+        return 1
+    print(f"{len(results)} generated file(s) up to date")
+    return 0
+
+
+def _freshness(target: Path, source: str) -> str | None:
+    """None where ``target`` holds ``source`` byte for byte (a CRLF copy is stale), else why not."""
+    try:
+        current = read_regular(target, "a module")
+    except FileNotFoundError:
+        return "missing"
+    except NotRegularFile:   # a FIFO would block the read: never opened for more than a look
+        return f"stale ({existing_kind(target) or 'not a file'}, not a module)"
+    except OSError as e:
+        return "missing" if not os.path.lexists(target) else f"stale (cannot read it: {e.strerror or e})"
+    return None if current == source.encode("utf-8") else "stale"
+
+
+def _shell_path(path: Path) -> str:
+    """A path as a shell command line takes it back: relative where it can be, quoted, and never
+    read as an option."""
+    shown = display_path(path)
+    return shlex.quote(f"./{shown}" if shown.startswith("-") else shown)
+
+
 def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> list[str]:
-    """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, and
-    (unless only checking) what ``kgen.build`` refuses too (``write_problems``)."""
-    from .runtime import display_path
+    """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, names
+    longer than the file system takes, and (unless only checking) what ``kgen.build`` refuses too
+    (``write_problems``)."""
     from .targets import write_problems
 
     problems: list[str] = []
@@ -145,7 +257,11 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
             problems.append(f"{display_path(sources[target])} and {display_path(f)} would both write "
                             f"{display_path(target)}; build them into separate folders (-o)")
         sources[target] = f
-    return problems if check else problems + write_problems(out, list(sources), force, "use --force")
+    if not check:
+        return problems + write_problems(out, list(sources), force, "use --force")
+    # a module that --check would call missing could never be built: the folder's name once, else each module's
+    too_long = [(out, name_problem(out))] if name_problem(out) else [(t, name_problem(t)) for t in sources]
+    return problems + [f"{abridged(display_path(t))}: cannot be created: {why}" for t, why in too_long if why]
 
 
 def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[Path, str]]:
@@ -159,7 +275,7 @@ def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[P
     for module in sorted(out.glob("*.py")) if roots and out.is_dir() else []:
         try:
             spec = generated_from(module)
-        except OSError:
+        except (OSError, KgenError):   # unreadable, or not a regular file (a FIFO is never read)
             continue
         if spec and module not in targets and os.path.abspath(spec).startswith(roots):
             found.append((module, spec))

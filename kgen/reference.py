@@ -167,3 +167,23 @@ def _widen(x, ints_too: bool = False):
     if isinstance(x, torch.Tensor) and (x.is_floating_point() or (ints_too and x.dtype != torch.bool)):
         return x.to(torch.float64)
     return x
+
+
+def compare(got, want) -> tuple[float, int]:
+    """(max abs error, inf/NaN mismatches) of a kernel's output against the float64 reference, as
+    the tests compare them (``torch.testing.assert_close(..., equal_nan=True)`` against the
+    reference rounded to the output's dtype): where either side is inf or NaN the two must be the
+    same after that rounding (NaN matching NaN, an inf the inf of its sign), else the element is a
+    mismatch; the error is the largest over the elements finite on both sides, against the
+    unrounded reference.  Lists (a grouped kernel's problems) count every problem's elements."""
+    if isinstance(got, (list, tuple)):
+        pairs = [compare(g, w) for g, w in zip(got, want)]
+        return max((e for e, _ in pairs), default=0.0), sum(m for _, m in pairs)
+    want = torch.as_tensor(want).to(got.device)
+    g, exact = got.double(), want.double()
+    rounded = want.to(got.dtype).double()
+    finite = torch.isfinite(g) & torch.isfinite(rounded)
+    same = (g == rounded) | (torch.isnan(g) & torch.isnan(rounded))
+    mismatched = int((~finite & ~same).sum())
+    error = (g - exact).abs()[finite & torch.isfinite(exact)]
+    return (error.max().item() if error.numel() else 0.0), mismatched

@@ -23,6 +23,7 @@ import torch
 from . import dtypes as D
 from .check import Arg, headerless_inputs, matmul_lhs_inputs
 from .errors import CallError, KgenError, SpecError, did_you_mean
+from .files import abridged, display_path, open_regular, read_regular
 from .parse import parse
 from .pipeline import Generated, generate
 
@@ -83,9 +84,9 @@ def load(source: str):
         use_interpreter_if_no_gpu()
         directory = cache_dir()
         path = directory / f"kgen_{digest[:24]}.py"
-        try:
-            intact = path.read_text() == source
-        except (OSError, UnicodeDecodeError):
+        try:   # not a regular file (a FIFO would block the read) is not intact either: replaced
+            intact = read_regular(path) == source.encode("utf-8")
+        except (OSError, KgenError):
             intact = False
         try:
             if not intact:
@@ -418,11 +419,14 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
         path = Path(text_or_path)
         try:
             # utf-8-sig: a byte-order mark, as Windows editors save one, is no character of the spec
-            return path.read_text(encoding="utf-8-sig"), display_path(path)
+            with open_regular(path, "r", "a spec file", encoding="utf-8-sig") as f:
+                return f.read(), display_path(path)
         except FileNotFoundError:
-            raise KgenError(f"{path}: no such spec file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise KgenError(f"{path}: cannot read the spec ({e})") from None
+            raise KgenError(f"{display_path(path)}: no such spec file") from None
+        except OSError as e:   # a name too long is shown by its ends
+            raise KgenError(f"{abridged(display_path(path))}: cannot read the spec ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise KgenError(f"{display_path(path)}: cannot read the spec ({e})") from None
     if not isinstance(text_or_path, str):   # str(None) would be a spec that reads None
         raise CallError(f"expected spec text (a str) or a path to a .k file, got {type(text_or_path).__name__}")
     return text_or_path, "<string>"
@@ -433,14 +437,6 @@ def _names_a_file(text: str) -> bool:
     if "\n" in text or not text.strip() or text.lstrip().startswith("#"):
         return False
     return text.endswith(".k") or ("=" not in text and ";" not in text)
-
-
-def display_path(path: Path) -> str:
-    """Relative to the working directory where possible, with forward slashes."""
-    try:   # abspath, not resolve: a symlinked spec keeps its own name
-        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def compile(text_or_path):  # noqa: A001 - the public name

@@ -36,11 +36,12 @@ class Case:
 def _spec(name: str, dtype: str = "f16"):
     from .bench import retyped
     from .dtypes import BY_NAME
-    from .runtime import compile_text
+    from .runtime import compile_text, read_spec
     path = SPECS / f"{name}.k"
     if not path.exists():
         raise KgenError(f"{path}: no such spec (suites time the specs of a kgen checkout)")
-    return compile_text(retyped(path.read_text(), BY_NAME[dtype]), str(path))
+    text, _ = read_spec(path)   # a regular file, read as kgen reads any spec
+    return compile_text(retyped(text, BY_NAME[dtype]), str(path))
 
 
 def _compiled(fn):

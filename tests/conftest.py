@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,6 +55,27 @@ def pytest_unconfigure(config):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture
+def fifo_released_after():
+    """``make(path)`` makes a named pipe (FIFO) at ``path``.  A process or thread that opens one
+    to read blocks until a writer comes, which is the hang the tests using this look for: after
+    the test, each FIFO's other end is opened without blocking and closed, so a reader stuck on it
+    gets end-of-file and ends rather than outliving the test."""
+    fifos: list[Path] = []
+
+    def make(path) -> Path:
+        os.mkfifo(path)
+        fifos.append(Path(path))
+        return Path(path)
+    yield make
+    for fifo in fifos:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:   # no reader waiting (ENXIO), or the FIFO is gone: nothing to release
+            continue
+        os.close(fd)
 
 
 @pytest.fixture

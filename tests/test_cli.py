@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import kgen
 from kgen.runtime import _UMASK
@@ -452,3 +454,379 @@ def test_out_naming_a_module_is_refused(project, capsys, check):
     (project / "odd.py").mkdir()   # a folder that exists is a folder, whatever its name
     assert main(["build", "specs/vector_add.k", "-o", "odd.py"]) == 0
     assert (project / "odd.py" / "vector_add.py").is_file()
+
+
+# --------------------------------------------------------------------------- bad input never hangs or crashes
+
+def kgen_cli(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m kgen ARGS`` in ``cwd``; a command still running after ``timeout`` seconds (a
+    read blocked on a FIFO) is killed and fails the test."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "kgen", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": path, **(env or {})})
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, message: str) -> None:
+    """Exit status 1, ``error: message`` on stderr, no traceback."""
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert f"error: {message}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command, message", [
+    (["show", "specs/pipe.k"], "specs/pipe.k: expected a spec file, got a named pipe (FIFO)"),
+    (["run", "specs/pipe.k"], "specs/pipe.k: expected a spec file, got a named pipe (FIFO)"),
+    (["bench", "specs/pipe.k"], "specs/pipe.k: expected a spec file, got a named pipe (FIFO)"),
+    (["build", "specs/pipe.k"], "specs/pipe.k: expected a .k file or a folder, got a named pipe (FIFO)"),
+], ids=["show", "run", "bench", "build"])
+def test_a_spec_that_is_a_named_pipe_is_refused_without_blocking(project, fifo_released_after, command, message):
+    fifo_released_after(project / "specs" / "pipe.k")
+    assert_clean_error(kgen_cli(*command, cwd=project), message)
+
+
+@pytest.mark.parametrize("check", [[], ["--force"], ["--check"]])
+def test_a_target_that_is_a_named_pipe_is_refused_without_blocking(project, fifo_released_after, check):
+    """A FIFO where a module goes is never read (to see whether kgen wrote it) nor replaced, even
+    with --force: it may be someone's; --check calls it stale."""
+    (project / "out").mkdir()
+    fifo = fifo_released_after(project / "out" / "vector_add.py")
+    result = kgen_cli("build", "specs", "-o", "out", *check, cwd=project)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    if "--check" in check:
+        assert "out/vector_add.py: stale (a named pipe (FIFO), not a module)" in result.stdout
+    else:
+        assert "error: out/vector_add.py is a named pipe (FIFO), not a module kgen can replace" in result.stderr
+    assert sorted(p.name for p in (project / "out").iterdir()) == ["vector_add.py"] and fifo.is_fifo()
+
+
+def test_a_named_pipe_in_the_module_cache_is_replaced_without_blocking(project, tmp_path, fifo_released_after):
+    """The cached module of a spec is read back to see that it is intact: a FIFO under its name is
+    not intact, and is replaced by the module."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    source = generate((project / "specs" / "vector_add.k").read_text(), "specs/vector_add.k").source
+    module = cache / f"kgen_{hashlib.sha256(source.encode()).hexdigest()[:24]}.py"
+    fifo_released_after(module)
+    result = kgen_cli("run", "specs/vector_add.k", "--shape", "N=8", cwd=project, env={"KGEN_CACHE_DIR": str(cache)})
+    assert result.returncode == 0, result.stderr
+    assert module.is_file() and module.read_text() == source
+
+
+def test_a_named_pipe_among_generated_modules_is_passed_over_by_check(project, capsys, fifo_released_after):
+    """--check reads the header of every module in the folder to find orphans: not a FIFO's."""
+    main(["build", "specs"])
+    fifo_released_after(project / "generated" / "notes.py")
+    result = kgen_cli("build", "specs", "--check", cwd=project)
+    assert result.returncode == 0 and "3 generated file(s) up to date" in result.stdout, result.stderr
+
+
+def test_the_tuning_cache_never_blocks_on_a_named_pipe(tmp_path, fifo_released_after):
+    """A FIFO in place of an autotune file is a file to ignore, read in a thread here so that a
+    blocked read fails the test instead of hanging it (the fixture releases the thread after)."""
+    import threading
+    from kgen.autotune import DiskCache
+    path = fifo_released_after(tmp_path / "tuned.json")
+    found = []
+    reader = threading.Thread(target=lambda: found.append(DiskCache(path, {}, []).entries()), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and found == [{}]
+
+
+@pytest.mark.parametrize("header", [
+    b"# Generated by kgen 0.1.0 from sp\xe9cs/vector_add.k\n",      # Latin-1: not UTF-8
+    "# Generated by kgen 0.1.0 from spécs/vector_add.k\n".encode(),  # UTF-8, not ASCII
+    b"\xff\xfe# Generated by kgen 0.1.0 from specs/vector_add.k\n",   # UTF-16's byte-order mark
+], ids=["latin-1", "utf-8", "binary"])
+def test_a_target_with_non_ascii_bytes_was_not_generated_by_kgen(project, capsys, header):
+    """kgen prints its headers in ASCII (non-ASCII path characters escaped): a first line of other
+    bytes is someone else's file, overwritten only with --force, and never a crash."""
+    (project / "out").mkdir()
+    target = project / "out" / "vector_add.py"
+    target.write_bytes(header + b"print('mine')\n")
+    assert main(["build", "specs/vector_add.k", "-o", "out"]) == 1
+    assert "out/vector_add.py exists and was not generated by kgen (use --force" in capsys.readouterr().err
+    assert target.read_bytes() == header + b"print('mine')\n"
+    with pytest.raises(kgen.KgenError, match="not generated by kgen"):
+        kgen.build("specs/vector_add.k", "out")
+    assert main(["build", "specs/vector_add.k", "-o", "out", "--force"]) == 0
+    assert target.read_text() == generate((project / "specs" / "vector_add.k").read_text(), "specs/vector_add.k").source
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, -(2**63)])
+def test_run_refuses_a_seed_torch_does_not_take(project, capsys, seed):
+    assert main(["run", "specs/vector_add.k", "--shape", "N=8", "--seed", str(seed)]) == 1
+    assert f"error: --seed: expected an integer from 0 to 2**64 - 1 (as torch.manual_seed takes it), got {seed}" \
+        in capsys.readouterr().err
+
+
+def test_run_takes_the_largest_seed_torch_takes(project, capsys):
+    assert main(["run", "specs/vector_add.k", "--shape", "N=8", "--seed", str(2**64 - 1)]) == 0
+    assert "z: torch.float32 (8,)  max abs error" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["show", "specs/vector_add.k"], ["build", "specs", "--check"],
+                                     ["build", "specs", "-o", "out"]], ids=["show", "check", "build"])
+def test_a_closed_stdout_ends_quietly_with_the_status_of_sigpipe(project, command):
+    """``kgen show x.k | head -1``: the reader is gone before kgen writes; kgen exits 141 as a shell
+    reports a writer killed by SIGPIPE, with no BrokenPipeError traceback, and a build still writes
+    every module."""
+    main(["build", "specs"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "kgen", *command], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()     # the reader goes away at once
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    if "-o" in command:
+        assert sorted(p.name for p in (project / "out").iterdir()) == sorted(
+            n.replace(".k", ".py") for n in ELEMENTWISE)
+
+
+@pytest.mark.parametrize("option, path, message", [
+    ("--json", "nowhere/rows.json", "--json: nowhere is missing; expected the folder to write rows.json into"),
+    ("--json", "specs/vector_add.k/rows.json", "--json: specs/vector_add.k is a regular file; expected the folder"),
+    ("--json", "specs", "--json: specs is a folder; expected a file to write"),
+    ("--plot", "specs", "--plot: specs is a folder; expected a file to write"),
+    ("--plot", "rows.txt", "--plot: rows.txt: expected a name ending in an image format matplotlib writes"),
+    ("--plot", "rows", "got no suffix"),
+    ("--json", "a" * 300 + ".json", "is 305 bytes long; the file system takes at most"),
+])
+def test_bench_checks_where_it_writes_before_timing(project, capsys, option, path, message):
+    """A benchmark's rows are written at its end: a destination that cannot take them is refused
+    first, before the GPU is even asked for (here without one, the GPU error would come first)."""
+    assert main(["bench", "specs/vector_add.k", option, path]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err or message in err and err.startswith("error: "), err
+    assert "CUDA" not in err
+
+
+def test_bench_refuses_a_folder_it_cannot_write_into(project, capsys):
+    """Probed by making a file there, as the write will; root writes past a folder's mode, so
+    where the test can still write into the read-only folder, one that no one can write into
+    (/sys) stands in."""
+    from kgen.files import display_path
+    folder = project / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if _can_create_in(folder):
+        folder = Path("/sys")
+        assert not _can_create_in(folder)
+    assert main(["bench", "specs/vector_add.k", "--json", str(folder / "rows.json")]) == 1
+    assert f"error: --json: cannot write into {display_path(folder)} (" in capsys.readouterr().err
+    (project / "readonly").chmod(0o755)
+
+
+def _can_create_in(folder: Path) -> bool:
+    try:
+        (folder / "kgen-probe").touch()
+    except OSError:
+        return False
+    (folder / "kgen-probe").unlink()
+    return True
+
+
+def test_bench_plot_needs_matplotlib_before_timing(project, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib fails
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
+    assert main(["bench", "specs/vector_add.k", "--plot", "rows.png"]) == 1
+    assert "error: --plot needs matplotlib (pip install matplotlib)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, message", [
+    (["build", ""], "kgen build: PATH: expected the path of a .k file or a folder, got an empty string"),
+    (["build", "specs", "-o", ""], "kgen build: -o: expected the path of a folder, got an empty string"),
+    (["show", ""], "kgen show: PATH: expected the path of a spec file, got an empty string"),
+    (["run", ""], "kgen run: PATH: expected the path of a spec file, got an empty string"),
+    (["bench", ""], "kgen bench: PATH: expected the path of a spec file, got an empty string"),
+    (["bench", "specs/vector_add.k", "--json", ""], "kgen bench: --json: expected the path of a file to write"),
+    (["bench", "specs/vector_add.k", "--plot", ""], "kgen bench: --plot: expected the path of an image to write"),
+])
+def test_empty_paths_are_refused(project, capsys, command, message):
+    """An empty path would be the working folder: ``kgen build ""`` would build every spec under it."""
+    before = snapshot(project)
+    assert main(command) == 1
+    assert f"error: {message}" in capsys.readouterr().err
+    assert snapshot(project) == before
+
+
+def test_run_takes_one_shape_and_bench_several(project, capsys):
+    """kgen run checks one point: --shape given twice is refused, not the last one taken; kgen
+    bench times each --shape as a point, and checks every one's names before timing."""
+    assert main(["run", "specs/vector_add.k", "--shape", "N=8", "--shape", "N=16"]) == 1
+    assert "error: --shape: kgen run takes one point (--shape M=64,N=128), got 2: N=8 N=16" in \
+        capsys.readouterr().err
+    assert main(["bench", "specs/vector_add.k", "--shape", "N=8", "--shape", "Q=16"]) == 1
+    assert "error: --shape: Q is not a dimension of vector_add" in capsys.readouterr().err
+
+
+GROUPED = str(ROOT / "specs" / "grouped_gemm.k")
+
+
+@pytest.mark.parametrize("command, message", [
+    (["run", "specs/vector_add.k", "--shape", "groups=3"],
+     "--shape: groups is not a dimension of vector_add (its dimensions: N); groups= sets the number of problems "
+     "of a kernel with list parameters"),
+    (["run", GROUPED, "--shape", "groups=0"], "--shape: groups= is the number of problems of grouped_gemm's lists, "
+                                              "expected 1 to 4096, got 0"),
+    (["run", GROUPED, "--shape", "groups=2**20"], "--shape: groups= is the number of problems of grouped_gemm's lists, "
+                                                  "expected 1 to 4096, got 1048576"),
+    (["bench", "specs/vector_add.k", "--shape", "groups=3"], "--shape: groups is not a dimension of vector_add"),
+    (["bench", GROUPED, "--shape", "groups=0"], "--shape: groups= is the number of problems of grouped_gemm's lists, "
+                                                "expected 1 to 4096, got 0"),
+])
+def test_groups_is_for_kernels_with_lists_and_in_range(project, capsys, command, message):
+    assert main(command) == 1
+    assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_groups_sets_the_number_of_problems(project, capsys):
+    assert main(["run", GROUPED, "--shape", "M=16,K=16,N=16,groups=3"]) == 0
+    assert "C: 3 x torch.float16 [(16, 16), (16, 16), (16, 16)]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rounds", "0"], "--rounds: expected at least 1 round, got 0"),
+    (["--rounds", "-2"], "--rounds: expected at least 1 round, got -2"),
+    (["--shape", "M=64"], "--shape: --suite softmax times its own shapes; it takes no --shape"),
+    (["--dtype", "f32"], "--dtype: --suite softmax times its own dtypes; it takes no --dtype"),
+    (["--plot", "rows.png"], "--plot: --suite softmax draws no plot (--json writes its rows)"),
+    (["--no-compile"], "--no-compile: --suite softmax always times torch.compile"),
+    (["specs/vector_add.k"], "kgen bench: give a spec (specs/vector_add.k) or --suite softmax, not both"),
+])
+def test_bench_suite_refuses_options_it_would_ignore(project, capsys, extra, message):
+    assert main(["bench", "--suite", "softmax", *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err and "CUDA" not in err
+
+
+def test_bench_checks_rounds_for_a_spec_too(project, capsys):
+    assert main(["bench", "specs/vector_add.k", "--rounds", "0"]) == 1
+    assert "error: --rounds: expected at least 1 round, got 0" in capsys.readouterr().err
+
+
+INF = "kernel to_inf(x: f32[N]) -> y: f32[N] {\n    y = x / 0.0\n}\n"
+LOG = "kernel lg(x: f32[N]) -> y: f32[N] {\n    y = log(x)\n}\n"
+
+
+def test_run_counts_inf_and_nan_mismatches(project, capsys, monkeypatch):
+    """Where either side is inf or NaN, kernel and reference must agree (as the tests compare them,
+    reference.compare): matching infs and NaNs are no mismatch; a NaN where the reference has a
+    number is one, and so is a number where it has inf."""
+    import kgen.bench
+    from kgen.reference import evaluate
+    (project / "specs" / "to_inf.k").write_text(INF)
+    (project / "specs" / "lg.k").write_text(LOG)
+    assert main(["run", "specs/to_inf.k", "--shape", "N=32"]) == 0   # +-inf on both sides
+    assert "y: torch.float32 (32,)  max abs error 0\n" in capsys.readouterr().out
+    assert main(["run", "specs/lg.k", "--shape", "N=32"]) == 0       # NaN on both sides where x < 0
+    capsys.readouterr()
+    references = []
+
+    def without_nans(kir, inputs, **kwargs):   # a reference with numbers where the kernel has NaN
+        want = evaluate(kir, inputs, **kwargs)
+        references.append(want[0])
+        return tuple(torch.nan_to_num(w, nan=0.0) for w in want)
+    monkeypatch.setattr(kgen.bench, "evaluate", without_nans)
+    assert main(["run", "specs/lg.k", "--shape", "N=32"]) == 1
+    nans = int(torch.isnan(references[0]).sum())
+    assert nans > 0
+    captured = capsys.readouterr()
+    assert re.search(rf"y: torch.float32 \(32,\)  max abs error [^,]+, {nans} inf/NaN mismatch\(es\)\n", captured.out)
+    assert f"error: inf/NaN mismatches against the reference in lg.y ({nans})" in captured.err
+
+
+def test_compare_counts_what_assert_close_refuses():
+    """reference.compare's mismatches are the elements torch.testing.assert_close(equal_nan=True)
+    refuses for being inf or NaN against the reference rounded to the output's dtype."""
+    from kgen.reference import compare
+    inf, nan = float("inf"), float("nan")
+    got = torch.tensor([1.0, inf, -inf, nan, nan, 2.0, inf, 3.0, 70000.0], dtype=torch.float32)
+    want = torch.tensor([1.5, inf, -inf, nan, 1.0, inf, -inf, nan, 70000.0], dtype=torch.float64)
+    error, mismatched = compare(got, want)
+    finite = torch.isfinite(got.double()) & torch.isfinite(want)
+    refused = [i for i in range(len(got)) if not finite[i] and not _close(got[i:i + 1], want[i:i + 1])]
+    assert refused and mismatched == len(refused)
+    assert error == (got.double() - want)[finite].abs().max().item()
+    half = torch.tensor([inf], dtype=torch.float16)   # 70000 rounds to f16's inf: no mismatch
+    assert compare(half, torch.tensor([70000.0], dtype=torch.float64))[1] == 0
+
+
+def _close(got, want) -> bool:
+    try:
+        torch.testing.assert_close(got.double(), want.to(got.dtype).double(), equal_nan=True, atol=0.0, rtol=0.0)
+    except AssertionError:
+        return False
+    return True
+
+
+LONG = "a" * 300
+
+
+def test_names_too_long_for_the_file_system_are_refused_before_writing(project, capsys):
+    """A module name (a spec stem of 253 bytes and .py), or an -o component, past the file system's
+    255 bytes: an error before anything is written, in --check too."""
+    spec = project / "specs" / ("b" * 253 + ".k")
+    shutil.copy(project / "specs" / "vector_add.k", spec)
+    for check in ([], ["--check"]):
+        assert main(["build", "specs", "-o", "out", *check]) == 1
+        err = capsys.readouterr().err
+        assert "is 256 bytes long; the file system takes at most 255" in err and "Traceback" not in err
+        assert "1 target(s) cannot be written; nothing was written" in err
+        assert main(["build", "specs/vector_add.k", "-o", f"out/{LONG}", *check]) == 1
+        assert "is 300 bytes long; the file system takes at most 255" in capsys.readouterr().err
+    assert not (project / "out").exists()
+    spec.unlink()
+    assert main(["show", f"specs/{LONG}.k"]) == 1
+    assert "cannot read the spec (File name too long)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out", [[], ["-o", "out"]])
+def test_check_ends_with_the_command_that_regenerates(project, capsys, out):
+    assert main(["build", "specs", *out]) == 0
+    folder = project / (out[1] if out else "generated")
+    (folder / "silu_mul.py").write_text((folder / "silu_mul.py").read_text() + "# edited\n")
+    (folder / "bias_gelu.py").unlink()
+    capsys.readouterr()
+    assert main(["build", "specs", *out, "--check"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"2 generated file(s) out of date; run: kgen build specs -o {folder.name}"
+    assert main(lines[-1].split("run: kgen ")[1].split()) == 0    # the command does regenerate them
+    assert main(["build", "specs", *out, "--check"]) == 0
+
+
+@pytest.mark.parametrize("command, message", [
+    (["show", "specs"], "specs: expected a spec file, got a folder"),
+    (["run", "specs"], "specs: expected a spec file, got a folder"),
+    (["build", "specs/vector_add.k", "-o", "specs/vector_add.k"], "specs/vector_add.k is a file, not a folder"),
+    (["run", "specs/vector_add.k", "--shape", "N=2**"], "--shape: expected NAME=SIZE"),
+    (["run", "specs/vector_add.k", "--dtype", "f64"], "--dtype: expected f16, bf16 or f32, got 'f64'"),
+    (["bench", "specs/vector_add.k", "--dtype", "i32"], "--dtype: expected f16, bf16 or f32, got 'i32'"),
+    (["bench", "specs/vector_add.k", "--shape", "N="], "--shape: expected NAME=SIZE"),
+])
+def test_other_bad_arguments_are_kgen_errors(project, capsys, command, message):
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err and "CUDA" not in err
+
+
+def test_an_unreadable_spec_is_a_kgen_error(project, capsys):
+    """chmod 000 (root reads it all the same: then it builds)."""
+    spec = project / "specs" / "vector_add.k"
+    spec.chmod(0)
+    try:
+        spec.read_bytes()
+        readable = True
+    except PermissionError:
+        readable = False
+    status = main(["show", "specs/vector_add.k"])
+    spec.chmod(0o644)
+    err = capsys.readouterr().err
+    assert (status, "error: specs/vector_add.k: cannot read the spec (Permission denied)" in err) == \
+        ((0, False) if readable else (1, True))
+
+
+def test_python_dash_m_kgen_without_a_command_prints_its_usage(project):
+    result = kgen_cli(cwd=project)
+    assert result.returncode == 2 and "usage: kgen" in result.stderr and "Traceback" not in result.stderr
