@@ -394,11 +394,11 @@ def _checked_bench_args(args) -> tuple[str, str, D.DType | None, list[dict]] | N
         raise KgenError(f"--rounds: expected at least 1 round, got {args.rounds}")
     _check_destination(args.json, "--json")
     _check_destination(args.plot, "--plot")
-    if args.plot is not None:
-        _check_image_name(args.plot)
     if args.suite is not None:
         _check_suite_options(args)
         return None
+    if args.plot is not None:
+        _check_image_name(args.plot)
     if args.path is None:
         raise KgenError("kgen bench: give a spec to time, or --suite NAME")
     dtype = _dtype_arg(args.dtype)
@@ -451,19 +451,29 @@ def _check_destination(path: Path | None, option: str) -> None:
         raise KgenError(f"{option}: cannot write into {display_path(folder)} ({e.strerror or e})") from None
 
 
+# The formats matplotlib 3 writes (FigureCanvasBase.get_supported_filetypes()): --plot's name is
+# checked against them where matplotlib is missing, so that its error names the file first.
+IMAGE_FORMATS = frozenset({"avif", "eps", "gif", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg",
+                           "svgz", "tif", "tiff", "webp"})
+
+
 def _check_image_name(path: Path) -> None:
-    """--plot's file ends in an image format matplotlib writes (and matplotlib is there)."""
+    """--plot's file ends in an image format matplotlib writes, and matplotlib is there."""
     formats = _image_formats()
-    if path.suffix[1:].lower() not in formats:
+    if path.suffix[1:].lower() not in (formats or IMAGE_FORMATS):
         raise KgenError(f"--plot: {path.name}: expected a name ending in an image format matplotlib writes "
-                        f"({', '.join('.' + f for f in sorted(formats))}), got {path.suffix or 'no suffix'}")
+                        f"({', '.join('.' + f for f in sorted(formats or IMAGE_FORMATS))}), "
+                        f"got {path.suffix or 'no suffix'}")
+    if formats is None:
+        raise KgenError("--plot needs matplotlib (pip install matplotlib)")
 
 
-def _image_formats() -> set[str]:
+def _image_formats() -> set[str] | None:
+    """The formats the installed matplotlib writes; None without matplotlib."""
     try:
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
-        raise KgenError("--plot needs matplotlib (pip install matplotlib)") from None
+        return None
     return set(FigureCanvasBase.get_supported_filetypes())
 
 

@@ -229,8 +229,8 @@ def statement_lines(kir: KernelIR, roots, names: dict[int, str]) -> list[Line]:
     """The body's statements that ``roots`` need, as lines of Triton.
 
     ``names`` maps already-available nodes (loaded inputs, scalars) to variables;
-    nodes the pattern computes itself (a reduction, a dot) must already be named.  Each statement becomes ``name = expression`` under its
-    spec line as a comment.
+    nodes the pattern computes itself (a reduction, a dot) must already be named.  Each statement
+    becomes ``name = expression`` under its spec line as a comment.
     """
     needed = {id(n) for n in live_nodes(roots, names)}
     printer = Printer(names)

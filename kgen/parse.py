@@ -143,7 +143,8 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
         else:
             what = f"unexpected {str(tok)!r}"
             width = max(1, len(str(tok)))
-    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower())) for t in (e.expected or ()) if t != "_SEP"} if hasattr(e, "expected") and e.expected else set())
+    tokens = getattr(e, "expected", None) or ()
+    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower())) for t in tokens if t != "_SEP"})
     if expected and len(expected) <= 6:
         what += "; expected " + ", ".join(expected)
     return SpecError(what, Span(path, line, col, line, col + width, text))

@@ -134,8 +134,8 @@ def grouped() -> list[Case]:
         cases.append(Case(f"grouped list {label}", lambda a=a, b=b: f16(a, b), baselines, work, "us"))
         cases.append(Case(f"grouped moe {label}", lambda a=a_cat, b=b_stack, offs=offs: f16.moe(a, b, offs=offs),
                           baselines, work, "us"))
-        cases.append(Case(f"grouped moe bf16 {label}", lambda offs=offs, a16=a16, b16=b16: bf16.moe(a16, b16, offs=offs),
-                          baselines, work, "us"))
+        cases.append(Case(f"grouped moe bf16 {label}",
+                          lambda offs=offs, a16=a16, b16=b16: bf16.moe(a16, b16, offs=offs), baselines, work, "us"))
     return cases
 
 

@@ -632,6 +632,9 @@ def test_bench_plot_needs_matplotlib_before_timing(project, capsys, monkeypatch)
     monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
     assert main(["bench", "specs/vector_add.k", "--plot", "rows.png"]) == 1
     assert "error: --plot needs matplotlib (pip install matplotlib)" in capsys.readouterr().err
+    # a name no image format ends in is named first, matplotlib or not
+    assert main(["bench", "specs/vector_add.k", "--plot", "rows.txt"]) == 1
+    assert "error: --plot: rows.txt: expected a name ending in an image format" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command, message", [

@@ -556,7 +556,8 @@ def test_power_by_constant(exponent):
 
 @pytest.mark.parametrize("text, fn", [
     ("Y = exp(I)", torch.exp), ("Y = sqrt(I)", torch.sqrt), ("Y = sigmoid(I)", torch.sigmoid),
-    ("Y = silu(I)", lambda i: F.silu(i.float())), ("Y = softplus(I)", lambda i: F.softplus(i.float())), ("Y = I / 2", lambda i: i / 2),
+    ("Y = silu(I)", lambda i: F.silu(i.float())), ("Y = softplus(I)", lambda i: F.softplus(i.float())),
+    ("Y = I / 2", lambda i: i / 2),
     ("Y = I / J", lambda i: i / i.flip(0).clamp(min=1)), ("Y = abs(I) + J", lambda i: i.abs() + i.flip(0).clamp(min=1)),
     ("Y = 2 ** f32(I)", lambda i: torch.pow(2.0, i.float())), ("Y = relu(I)", torch.relu),
     ("Y = I * 0.5", lambda i: i * 0.5), ("Y = f32(I) ** I", lambda i: torch.pow(i.float(), i)),

@@ -232,7 +232,8 @@ KERNEL_BODIES = {
     "elementwise": ("(X: f32[M, N]) -> Y: f32[M, N] { Y = X * 2.0 }", lambda x, b, xs, bs: x * 2),
     "row_reduce": ("(X: f32[M, N]) -> Y: f32[M, N] { Y = X - max(X) }",
                    lambda x, b, xs, bs: x - x.max(-1, keepdim=True).values),
-    "gemm": ("(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C = relu(A @ B) }", lambda x, b, xs, bs: torch.relu(x @ b)),
+    "gemm": ("(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C = relu(A @ B) }",
+             lambda x, b, xs, bs: torch.relu(x @ b)),
     "grouped_gemm": ("(A: [f32[M, K]], B: [f32[K, N]]) -> C: [f32[M, N]] { C = relu(A @ B) }",
                      lambda x, b, xs, bs: [torch.relu(p @ q) for p, q in zip(xs, bs)]),
 }

@@ -77,7 +77,8 @@ def test_headerless_separators_and_comments(text):
 
 
 def test_multi_line_calls_and_continuations():
-    text = "Y = where(X > 0,\n          X,\n          leaky_relu(X,\n                     alpha=0.2))\nZ = X + \\\n    1"
+    text = ("Y = where(X > 0,\n          X,\n          leaky_relu(X,\n                     alpha=0.2))\n"
+            "Z = X + \\\n    1")
     (k,) = parse(text).kernels
     y, z = k.body
     assert y.value.func.id == "where" and len(y.value.args) == 3
