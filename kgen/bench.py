@@ -394,6 +394,7 @@ def _checked_bench_args(args) -> tuple[str, str, D.DType | None, list[dict]] | N
         raise KgenError(f"--rounds: expected at least 1 round, got {args.rounds}")
     _check_destination(args.json, "--json")
     _check_destination(args.plot, "--plot")
+    _check_not_overwritten(args)
     if args.suite is not None:
         _check_suite_options(args)
         return None
@@ -425,6 +426,27 @@ def _check_suite_options(args) -> None:
     for option, given, why in ignored:
         if given:
             raise KgenError(f"{option}: {suite} {why}; it takes no {option}")
+
+
+def _check_not_overwritten(args) -> None:
+    """--json and --plot never replace the spec being timed or any spec (a slip such as ``--json
+    specs/softmax.k`` would lose it at the run's end), nor each other."""
+    if args.json is not None and args.plot is not None and _same_file(args.json, args.plot):
+        raise KgenError(f"--plot: {args.plot} is --json's file too; give each its own")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if path.suffix == ".k" or args.path is not None and _same_file(path, args.path):
+            raise KgenError(f"{option}: {path} is a spec; expected a new file for the "
+                            f"{'rows' if option == '--json' else 'plot'}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (a link or another spelling of it included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:   # one is not there yet: the same file only by name
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _check_destination(path: Path | None, option: str) -> None:

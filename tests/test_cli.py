@@ -602,6 +602,22 @@ def test_bench_checks_where_it_writes_before_timing(project, capsys, option, pat
     assert "CUDA" not in err
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--json", "specs/vector_add.k"], "--json: specs/vector_add.k is a spec; expected a new file for the rows"),
+    (["--json", "rows.json"], "--json: rows.json is a spec; expected a new file for the rows"),   # a link to it
+    (["--json", "specs/other.k"], "--json: specs/other.k is a spec"),
+    (["--plot", "specs/vector_add.k"], "--plot: specs/vector_add.k is a spec; expected a new file for the plot"),
+    (["--json", "rows.png", "--plot", "rows.png"], "--plot: rows.png is --json's file too; give each its own"),
+])
+def test_bench_never_writes_over_a_spec_or_its_other_file(project, capsys, options, message):
+    """The rows are written at the run's end: a slip of the destination must not lose the spec."""
+    (project / "rows.json").symlink_to(project / "specs" / "vector_add.k")
+    before = snapshot(project)
+    assert main(["bench", "specs/vector_add.k", *options]) == 1
+    assert f"error: {message}" in capsys.readouterr().err
+    assert snapshot(project) == before
+
+
 def test_bench_refuses_a_folder_it_cannot_write_into(project, capsys):
     """Probed by making a file there, as the write will; root writes past a folder's mode, so
     where the test can still write into the read-only folder, one that no one can write into
