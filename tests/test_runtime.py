@@ -622,3 +622,32 @@ def test_a_cache_folder_given_with_a_tilde_or_relative_is_where_a_shell_would_pu
     monkeypatch.setenv("KGEN_CACHE_DIR", "relative/kc")
     torch.testing.assert_close(kgen.compile("y = x * 5 - 1")(x), x * 5 - 1)
     assert list((work / "relative" / "kc").glob("*.py"))
+
+
+@pytest.mark.gpu
+def test_kernels_run_inside_torch_compile_and_cuda_graphs():
+    """A model compiled with torch.compile (fullgraph too: no graph break) or captured in a CUDA
+    graph can call kgen kernels: the graph replays them on the inputs' new values."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 1000, device="cuda", dtype=torch.float16)
+    w = torch.randn(1000, 256, device="cuda", dtype=torch.float16) / 32
+    ew, sm = kgen.compile("y = x * sigmoid(x) + 1"), kgen.compile(ROOT / "specs" / "softmax.k")
+    mm = kgen.compile("C = leaky_relu(A @ B)")
+
+    def model(x):
+        return mm(sm(ew(x)), w) * 2
+
+    def want(x):
+        h = torch.softmax(x.float() * torch.sigmoid(x.float()) + 1, -1)
+        return torch.nn.functional.leaky_relu(h @ w.float(), 0.01) * 2
+
+    for run in (torch.compile(model), torch.compile(model, fullgraph=True)):
+        torch.testing.assert_close(run(x).float(), want(x), atol=2e-3, rtol=2e-2)
+    model(x)   # tuned and compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = model(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(y.float(), want(x), atol=2e-3, rtol=2e-2)
