@@ -24,6 +24,7 @@ import torch
 
 from . import dtypes as D
 from .errors import KgenError
+from .files import check_name, display_path, existing_kind
 from .ir import KernelIR, Op, topo_order
 from .reference import compare, evaluate
 
@@ -453,7 +454,6 @@ def _check_destination(path: Path | None, option: str) -> None:
     """Refuse, before any timing, a file that could not be written at the end: a name the file
     system does not take, a folder or FIFO in its place, or a folder that is missing or read-only."""
     import tempfile
-    from .files import check_name, display_path, existing_kind
     if path is None:
         return
     check_name(path, option)
@@ -501,7 +501,6 @@ def _image_formats() -> set[str] | None:
 
 def _write_rows(path: Path, rows: list) -> None:
     """The rows as JSON, whole or not at all; a failed write is a KgenError (the rows were printed)."""
-    from .files import display_path
     from .runtime import write_atomic
     try:
         write_atomic(path, json.dumps(rows, indent=1) + "\n")
@@ -624,7 +623,6 @@ def _print_row(r: Row) -> None:
 def _plot(rows: list[Row], path: Path) -> None:
     """A bar chart of the rows' rates, written whole (a temporary file renamed) or not at all."""
     import tempfile
-    from .files import display_path
     from .runtime import _UMASK
     _image_formats()
     import matplotlib
