@@ -273,7 +273,15 @@ class HeaderlessKernel:
         key = tuple(key)
         kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self._specialize(key, args)
+            try:
+                kernel = self._specialize(key, args)
+            except SpecError as e:   # say how the call's tensors were read, which the spec cannot show
+                read = "; ".join(f"{name} {tuple(a.shape)} as " + (
+                    "the problems' rows" if len(k[1]) == a.dim() else
+                    f"one {tuple(a.shape[1:])} per problem") for name, a, k in zip(self.inputs, args, key)
+                    if isinstance(a, torch.Tensor))
+                where = f"{e.span}: " if e.span is not None else ""
+                raise CallError(f"moe: {where}{e.message} (the MoE form read {read})") from None
         self._last = kernel
         return kernel.moe(*args, offs=offs, out=out, **_given(config))
 

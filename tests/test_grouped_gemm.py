@@ -10,6 +10,7 @@ with K through |A| @ |B|, as in test_gemm.py.
 from __future__ import annotations
 
 import random
+import re
 from contextlib import contextmanager
 from functools import lru_cache
 
@@ -636,6 +637,16 @@ def test_headerless_moe_takes_its_rows_from_the_matmul_operand():
     offs = [3, 7, 10]
     want = moe_reference(x, w, offs, lambda y, g: y + b[g].double())
     assert_close(k.moe(b, x, w, offs=offs), want, moe_bound(x, w, offs))
+
+
+def test_headerless_moe_says_how_it_read_a_tensor_that_does_not_fit():
+    """A [K, N] weight where the MoE form takes [G, K, N]: its rows are not the problems' rows, so
+    it is one [N] per problem, which '@' cannot take; the error says how each tensor was read."""
+    k = compiled("Y = X @ W")
+    with pytest.raises(kgen.CallError, match=re.escape(
+            "'@' needs 2-D or 3-D operands, got f32[K] (the MoE form read X (10, 8) as the problems' rows; "
+            "W (8, 6) as one (6,) per problem)")):
+        k.moe(randn(10, 8), randn(8, 6), offs=[10])
 
 
 def test_grouped_inputs_that_are_not_lists():
