@@ -260,7 +260,8 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
     if not check:
         return problems + write_problems(out, list(sources), force, "use --force")
     # a module that --check would call missing could never be built: the folder's name once, else each module's
-    too_long = [(out, name_problem(out))] if name_problem(out) else [(t, name_problem(t)) for t in sources]
+    folder = name_problem(out)
+    too_long = [(out, folder)] if folder else [(t, name_problem(t)) for t in sources]
     return problems + [f"{abridged(display_path(t))}: cannot be created: {why}" for t, why in too_long if why]
 
 
