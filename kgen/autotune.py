@@ -45,7 +45,7 @@ from typing import Callable
 
 import torch
 
-from .errors import KgenError
+from .errors import CallError, KgenError
 from .files import read_regular
 
 try:
@@ -293,6 +293,9 @@ class Tuner:
             cache = self._disk(tensors[0])
             config = cache.load().get(key)
             if config is None:
+                if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():   # timing would break it
+                    raise CallError(f"{self.name}: these shapes are tuned at their first call, which a CUDA "
+                                    f"graph capture cannot hold; call the kernel once before capturing it")
                 config, ms = self._tune(args, kwargs, bound.arguments, key)
                 cache.store(key, config, ms)
             return config

@@ -625,7 +625,7 @@ def test_a_cache_folder_given_with_a_tilde_or_relative_is_where_a_shell_would_pu
 
 
 @pytest.mark.gpu
-def test_kernels_run_inside_torch_compile_and_cuda_graphs():
+def test_kernels_run_inside_torch_compile_and_cuda_graphs(monkeypatch):
     """A model compiled with torch.compile (fullgraph too: no graph break) or captured in a CUDA
     graph can call kgen kernels: the graph replays them on the inputs' new values."""
     torch.manual_seed(0)
@@ -643,6 +643,12 @@ def test_kernels_run_inside_torch_compile_and_cuda_graphs():
 
     for run in (torch.compile(model), torch.compile(model, fullgraph=True)):
         torch.testing.assert_close(run(x).float(), want(x), atol=2e-3, rtol=2e-2)
+    monkeypatch.setenv("KGEN_AUTOTUNE", "1")       # read at compile time: this kernel tunes
+    fresh = kgen.compile("C = relu(A @ B) * 3")   # never called: its first call tunes
+    with pytest.raises(CallError, match="these shapes are tuned at their first call, which a CUDA graph capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            fresh(x, w)
+    torch.testing.assert_close(fresh(x, w).float(), torch.relu(x.float() @ w.float()) * 3, atol=2e-3, rtol=2e-2)
     model(x)   # tuned and compiled before the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
