@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import KgenError
-from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, name_problem, read_regular
+from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, read_regular
 
 SUITE_NAMES = ("gemm", "grouped", "linear", "norms", "softmax")   # kgen/suites.py (imported on use: torch)
 SIGPIPE_STATUS = 141    # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
@@ -247,7 +247,7 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
     """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, names
     longer than the file system takes, and (unless only checking) what ``kgen.build`` refuses too
     (``write_problems``)."""
-    from .targets import write_problems
+    from .targets import name_problems, write_problems
 
     problems: list[str] = []
     sources: dict[Path, Path] = {}
@@ -259,10 +259,8 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
         sources[target] = f
     if not check:
         return problems + write_problems(out, list(sources), force, "use --force")
-    # a module that --check would call missing could never be built: the folder's name once, else each module's
-    folder = name_problem(out)
-    too_long = [(out, folder)] if folder else [(t, name_problem(t)) for t in sources]
-    return problems + [f"{abridged(display_path(t))}: cannot be created: {why}" for t, why in too_long if why]
+    # a module that --check would call missing could never be built
+    return problems + list(name_problems(out, list(sources)).values())
 
 
 def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[Path, str]]:

@@ -276,14 +276,17 @@ class HeaderlessKernel:
             try:
                 kernel = self._specialize(key, args)
             except SpecError as e:   # say how the call's tensors were read, which the spec cannot show
-                read = "; ".join(f"{name} {tuple(a.shape)} as " + (
-                    "the problems' rows" if len(k[1]) == a.dim() else
-                    f"one {tuple(a.shape[1:])} per problem") for name, a, k in zip(self.inputs, args, key)
-                    if isinstance(a, torch.Tensor))
                 where = f"{e.span}: " if e.span is not None else ""
-                raise CallError(f"moe: {where}{e.message} (the MoE form read {read})") from None
+                raise CallError(f"moe: {where}{e.message} (the MoE form read {self._moe_reading(args, key)})") \
+                    from None
         self._last = kernel
         return kernel.moe(*args, offs=offs, out=out, **_given(config))
+
+    def _moe_reading(self, args, key) -> str:
+        """How ``moe`` read each tensor: ragged (its key keeps every axis) or stacked (one per problem)."""
+        return "; ".join(f"{name} {tuple(a.shape)} as " + ("the problems' rows" if len(k[1]) == a.dim() else
+                                                          f"one {tuple(a.shape[1:])} per problem")
+                         for name, a, k in zip(self.inputs, args, key) if isinstance(a, torch.Tensor))
 
     def _bind(self, args, kwargs):
         bound = list(args) + [None] * (len(self.inputs) - len(args))
