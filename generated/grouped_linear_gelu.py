@@ -362,7 +362,10 @@ def _group_table(device, M, N, K, tensors, config, vector):
     strides = [tuple(map(torch.Tensor.stride, values)) for _, values in tensors]
     names = tuple((name, values[0].dtype) for name, values in tensors)
     key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), names, *addresses, *strides)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     cached = _GROUP_TABLES.get(key)
+    if cached is not None and capturing:   # the graph reads it at every replay: the cache may not free it
+        _CAPTURED.setdefault(("table", key), cached[0])
     if cached is None:
         counts = [-(-m // block_m) * -(-n // block_n) for m, n in zip(M, N)]
         ends, tiles = [], 0
@@ -394,12 +397,27 @@ def _group_table(device, M, N, K, tensors, config, vector):
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
         layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),
                       ALIGNED=aligned, INT64=2 * max(*M, *N, *K, 1) * reach >= _I32_LIMIT and _needs_int64(*used))
-        table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
-        table = table.to(device, non_blocking=True)
-        if len(_GROUP_TABLES) >= 256:
-            _GROUP_TABLES.clear()
-        cached = _GROUP_TABLES[key] = (table, tiles, layout)
+        cached = (_to_device(rows, torch.int64, device), tiles, layout)
+        if not capturing:   # in a capture the copy runs at the replays: the table is empty until then
+            if len(_GROUP_TABLES) >= 256:
+                _GROUP_TABLES.clear()
+            _GROUP_TABLES[key] = cached
     return cached
+
+
+# tensors that a CUDA graph reads at every replay, kept for as long as the process:
+# ("host", dtype, values) -> a pinned host tensor its copy reads, ("table", key) -> a cached table
+_CAPTURED = {}
+
+
+def _to_device(values, dtype, device):
+    """A list of ints as a tensor on device: one copy from pinned memory, without waiting for
+    it.  In a CUDA graph capture the copy is recorded, and each replay reads the host tensor
+    again: that one is kept (one per distinct content) for as long as the process."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        host = _CAPTURED.setdefault(("host", dtype, tuple(values)), host)
+    return host.to(device, non_blocking=True)
 
 
 def _group_block(G):
@@ -467,8 +485,7 @@ def _group_offs(offs, G, device, source, T, rows):
             raise ArgumentError(f"offs[{ends.index(None)}]: expected an int row end, got {type(bad).__name__}")
         if not all(-2**31 <= o < 2**31 for o in ends):
             raise ArgumentError("offs: expected int32 row ends, got a value outside int32")
-        offs = torch.tensor(ends, dtype=torch.int32, pin_memory=device.type == "cuda")
-        offs = offs.to(device, non_blocking=True)
+        offs = _to_device(ends, torch.int32, device)
     if not isinstance(offs, torch.Tensor) or offs.is_nested or offs.dtype not in (torch.int32, torch.int64) \
             or offs.dim() != 1:
         got = type(offs).__name__ if not isinstance(offs, torch.Tensor) else "a nested tensor" if offs.is_nested \

@@ -950,6 +950,56 @@ def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_fa
 
 
 @pytest.mark.gpu
+def test_gpu_grouped_calls_first_made_in_a_cuda_graph_capture_replay_right():
+    """A grouped call whose problem table (or MoE row ends given as a list) is first made
+    inside a CUDA graph capture copies it from pinned host memory at every replay: that memory
+    must outlive the call, and the device table, empty until a replay, must not serve a call
+    outside the graph; a table made before the capture must outlive the cache's clearing."""
+    torch.manual_seed(0)
+    k = compiled("C = leaky_relu(A @ B)")
+    empty = lambda m, n: torch.empty(m, n, device="cuda", dtype=torch.float16)   # noqa: E731
+    problems = [(64, 96, 48), (33, 17, 80), (128, 40, 64)]
+    a = [randn(m, kk, dtype=torch.float16) for m, _, kk in problems]
+    b = [randn(kk, n, dtype=torch.float16) / 8 for _, n, kk in problems]
+    c = [empty(m, n) for m, n, _ in problems]
+    early = [randn(8, 16, dtype=torch.float16), randn(16, 8, dtype=torch.float16)]
+    old = [empty(8, 8) for _ in range(3)]
+    rows = [50, 0, 150]
+    ends = [sum(rows[:i + 1]) for i in range(len(rows))]
+    x, w = randn(ends[-1], 64, dtype=torch.float16), torch.randn(3, 64, 32, device="cuda", dtype=torch.float16) / 8
+    k([early[0]] * 3, [early[1]] * 3, out=old)   # loaded, and a table that the capture finds cached
+    k.moe(x[:10], w, offs=[3, 6, 10])
+    module = k._last.module
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        k(a, b, out=c)
+        y = k.moe(x, w, offs=ends)
+        k([early[0]] * 3, [early[1]] * 3, out=old)
+
+    def want():
+        return ([F.leaky_relu(p.double() @ q.double(), 0.01) for p, q in zip(a, b)],
+                moe_reference(x, w, ends, lambda v, g: F.leaky_relu(v, 0.01)),
+                [F.leaky_relu(early[0].double() @ early[1].double(), 0.01)] * 3)
+
+    # outside the graph, the same tensors: right at once, from tables of their own
+    want_c, want_y, _ = want()
+    assert_group_close(k(a, b, out=c), want_c, a, b)
+    assert_close(k.moe(x, w, offs=ends), want_y, moe_bound(x, w, ends))
+    module._GROUP_TABLES.clear()                 # as when it fills: the graph's tables live on
+    for i in range(16):                          # memory reused by calls of other contents
+        k([t[:1 + i] for t in a], b)
+        k.moe(x, w, offs=[i, 2 * i, ends[-1]])
+    for t in (*a, *b, *c, *old, x, w, *early):
+        t.copy_(torch.randn_like(t) / 8)
+    graph.replay()
+    want_c, want_y, want_old = want()
+    assert_group_close(c, want_c, a, b)
+    assert_close(y, want_y, moe_bound(x, w, ends))
+    assert_group_close(old, want_old, [early[0]] * 3, [early[1]] * 3)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("text", list(CONFIG_EPILOGUES))
 def test_gpu_moe_every_candidate_config(untuned, dtype, text):
