@@ -10,6 +10,11 @@ class ArgumentError(ValueError):
     """A call whose arguments do not fit the kernel's signature."""
 
 
+class NotCurrentDevice(ArgumentError):
+    """Tensors on a GPU other than the current one, where Triton launches: the call belongs
+    under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
+
+
 # i32 offsets reach at most this far (one block of headroom past the last element)
 _I32_LIMIT = 2**31 - 2**16
 
@@ -59,7 +64,17 @@ def _device(*named):
             raise ArgumentError(f"{name}: expected a tensor on {device} (where {first} is), got {value.device}")
     if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
         raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
+    _check_current(first, device)
     return device
+
+
+def _check_current(name, device):
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        error = NotCurrentDevice(f"{name}: expected a tensor on the current device, cuda:{torch.cuda.current_device()} "
+                                 f"(where Triton launches), got one on {device}: call under "
+                                 f"torch.cuda.device({device.index})")
+        error.device = device
+        raise error
 
 
 def _outputs(out, device, inputs, *specs, inplace=False):

@@ -195,10 +195,13 @@ def graph_ms(fn, calls: int = 16, replays: int = 12) -> float:
     torch.cuda.synchronize()
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
     lines = torch.empty(2 * (getattr(properties, "L2_cache_size", 0) or 2**26), dtype=torch.int8, device="cuda")
+    # a capture stream of the current GPU's: torch's default one belongs to the GPU current
+    # when it was first made, and a capture there records nothing launched on another
+    stream = torch.cuda.Stream()
     graphs = []
     for with_calls in (True, False):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             for _ in range(calls):
                 flush(lines)
                 if with_calls:

@@ -41,6 +41,7 @@ RESERVED = (frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist",
                "kernel", "meta", "self", "cls", "inf", "nan", "config",
                # the host function's locals and the module's own names
                "device", "contiguous", "int64", "num_warps", "num_stages", "ArgumentError",
+               "NotCurrentDevice",
                "n_rows", "n_cols",
                # Triton's launcher binds a kernel's arguments in a function of its own, beside
                # these names: a kernel parameter may not take them

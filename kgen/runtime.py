@@ -154,6 +154,7 @@ class Kernel:
         self._host = getattr(self.module, kir.name)
         self._signature = f"{kir.name}({', '.join(self.inputs)})"
         self._argument_error = self.module.ArgumentError
+        self._not_current = self.module.NotCurrentDevice
         tuning = getattr(plan, "tuning", None)     # patterns with configs to time (gemm)
         self._tuner = None
         if tuning is not None and tuning.configs:
@@ -173,12 +174,19 @@ class Kernel:
 
     def _run(self, host, tuner, label: str, signature: str, args, kwargs):
         """Call a generated host function with the tuner's config; its argument errors
-        (and a call that does not bind) come back as CallError."""
+        (and a call that does not bind) come back as CallError; tensors on a GPU other than the
+        current one run there, as torch's operations do (Triton launches on the current one)."""
         try:
             config = None if tuner is None else tuner.choose(args, kwargs)
             if config is None:
                 return host(*args, **kwargs)
             return host(*args, config=config, **kwargs)
+        except self._not_current as e:
+            if tuner is not None:
+                tuner.forget()
+            if e.device.index == torch.cuda.current_device():   # under torch.cuda.device(e.device) already
+                raise CallError(f"{label}: {e}") from None
+            device = e.device
         except self._argument_error as e:
             if tuner is not None:
                 tuner.forget()   # the tuner's decision for a refused call must not stand for a good one
@@ -192,6 +200,8 @@ class Kernel:
                 raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
                                 f"({type(e).__name__}: {_reason(e)})") from None
             raise
+        with torch.cuda.device(device):
+            return self._run(host, tuner, label, signature, args, kwargs)
 
     def moe(self, *args, offs=None, **kwargs):
         """A grouped GEMM in the MoE layout (as ``torch._grouped_mm(A, B, offs=offs)``): each

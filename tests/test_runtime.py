@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -657,3 +658,44 @@ def test_kernels_run_inside_torch_compile_and_cuda_graphs(monkeypatch):
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(y.float(), want(x), atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_a_gpu_other_than_the_current_one(monkeypatch):
+    """Triton launches on the current GPU: kgen.compile's kernels run where their tensors are
+    (under torch.cuda.device, tuning too), as torch's operations do, and leave the current
+    GPU as it was; a generated module called directly refuses them by name, never a fault."""
+    torch.cuda.set_device(0)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):   # torch's own capture stream is now cuda:0's
+        torch.zeros(1, device="cuda:0").add_(1)
+    on1 = lambda *shape: torch.randn(*shape, device="cuda:1", dtype=torch.float16)   # noqa: E731
+    x, w, bias = on1(300, 500), on1(500, 64) / 16, on1(64)
+    monkeypatch.setenv("KGEN_AUTOTUNE", "1")       # read at compile time: the GEMM tunes on cuda:1
+    mm = kgen.compile("C = leaky_relu(A @ W + b)")
+    sm, ew = kgen.compile(ROOT / "specs" / "softmax.k"), kgen.compile("y = x * sigmoid(x) + 1")
+    with warnings.catch_warnings(record=True) as warned:    # the tuner's CUDA graphs capture on cuda:1
+        warnings.simplefilter("always")
+        got = {"softmax": sm(x), "elementwise": ew(x), "gemm": mm(x, w, bias),
+               "grouped": mm([x, x[:7]], [w, w[:, :9]], [bias, bias[:9]]),
+               "moe": mm.moe(x, torch.stack([w, w]), torch.stack([bias, bias]), offs=[100, 300])}
+    assert not [str(m.message) for m in warned if "CUDA Graph is empty" in str(m.message)]
+    h = x.float()
+    want = {"softmax": torch.softmax(h, -1), "elementwise": h * torch.sigmoid(h) + 1,
+            "gemm": torch.nn.functional.leaky_relu(h @ w.float() + bias.float(), 0.01)}
+    want["grouped"] = [want["gemm"], want["gemm"][:7, :9]]
+    want["moe"] = want["gemm"]
+    assert torch.cuda.current_device() == 0
+    for name, value in got.items():
+        for g, v in zip(value if isinstance(value, list) else [value], want[name] if isinstance(value, list)
+                        else [want[name]]):
+            assert g.device == torch.device("cuda:1"), name
+            torch.testing.assert_close(g.float(), v, atol=3e-2, rtol=2e-2, msg=name)
+    with pytest.raises(sm.module.NotCurrentDevice,
+                       match=r"X: expected a tensor on the current device, cuda:0 .*got one on cuda:1: "
+                             r"call under torch.cuda.device\(1\)"):
+        sm.module.softmax(x)
+    with torch.cuda.device(1):
+        torch.testing.assert_close(sm.module.softmax(x).float(), want["softmax"], atol=2e-3, rtol=2e-2)
+    with pytest.raises(CallError, match=r"A\[1\]: expected a tensor on cuda:1 \(where A\[0\] is\), got cuda:0"):
+        mm([x, x.to("cuda:0")], [w, w.to("cuda:0")], [bias, bias.to("cuda:0")])
