@@ -4,7 +4,8 @@ headerless specialization and the interpreter fallback.
 Generated source is written to ``$KGEN_CACHE_DIR`` (default ``~/.cache/kgen``)
 under its content hash and imported with importlib (``triton.jit`` reads kernel
 source from files).  A ``Kernel`` call goes straight to the generated host
-function; errors it raises about arguments come back as ``CallError``.
+function (on the tensors' GPU; through ``kgen.grad`` where autograd records); errors
+it raises about arguments come back as ``CallError``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from . import dtypes as D
 from .check import Arg, headerless_inputs, matmul_lhs_inputs
 from .errors import CallError, KgenError, SpecError, did_you_mean
 from .files import abridged, display_path, open_regular, read_regular
+from .grad import call_recorded, needing_grad
 from .parse import parse
 from .pipeline import Generated, generate
 
@@ -173,6 +175,13 @@ class Kernel:
         return self._run(self._host, self._tuner, self.name, self._signature, args, kwargs)
 
     def _run(self, host, tuner, label: str, signature: str, args, kwargs):
+        needing = needing_grad(args, kwargs)
+        if needing:
+            return call_recorded(label, lambda: self._call(host, tuner, label, signature, args, kwargs), needing,
+                                 kwargs.get("out"))
+        return self._call(host, tuner, label, signature, args, kwargs)
+
+    def _call(self, host, tuner, label: str, signature: str, args, kwargs):
         """Call a generated host function with the tuner's config; its argument errors
         (and a call that does not bind) come back as CallError; tensors on a GPU other than the
         current one run there, as torch's operations do (Triton launches on the current one)."""
@@ -201,7 +210,7 @@ class Kernel:
                                 f"({type(e).__name__}: {_reason(e)})") from None
             raise
         with torch.cuda.device(device):
-            return self._run(host, tuner, label, signature, args, kwargs)
+            return self._call(host, tuner, label, signature, args, kwargs)
 
     def moe(self, *args, offs=None, **kwargs):
         """A grouped GEMM in the MoE layout (as ``torch._grouped_mm(A, B, offs=offs)``): each

@@ -699,3 +699,31 @@ def test_tensors_on_a_gpu_other_than_the_current_one(monkeypatch):
         torch.testing.assert_close(sm.module.softmax(x).float(), want["softmax"], atol=2e-3, rtol=2e-2)
     with pytest.raises(CallError, match=r"A\[1\]: expected a tensor on cuda:1 \(where A\[0\] is\), got cuda:0"):
         mm([x, x.to("cuda:0")], [w, w.to("cuda:0")], [bias, bias.to("cuda:0")])
+
+
+def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
+    """kgen kernels compute no gradient: called where autograd records, a kernel's outputs join
+    the graph, and a backward pass that reaches them is a CallError naming the kernel, not an
+    input's gradient silently short; under no_grad, inference_mode or on inputs that need no
+    grad nothing is recorded; out= is refused there, as torch refuses it."""
+    x = torch.randn(8, 3, device=DEVICE, requires_grad=True)
+    two = kgen.compile("y = x * 2 + 1; z = x > 0")
+    y, z = two(x)
+    assert y.requires_grad and not z.requires_grad and z.dtype == torch.bool
+    torch.testing.assert_close(y.detach(), x.detach() * 2 + 1)
+    assert torch.equal(z, x.detach() > 0)
+    with pytest.raises(CallError, match=r"a backward pass reached this kernel's outputs.*torch.no_grad\(\)"):
+        (y.sum() + x.sum()).backward()          # x gets a gradient along the other path: this one may not go missing
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            assert not two(x)[0].requires_grad
+    assert not two(x.detach())[0].requires_grad
+    with pytest.raises(CallError, match=r"out= cannot be written where autograd records"):
+        two(x, out=(torch.empty(8, 3, device=DEVICE), torch.empty(8, 3, device=DEVICE, dtype=torch.bool)))
+    mm = kgen.compile("C = A @ B")
+    a, b = [torch.randn(5, 4, device=DEVICE)], [torch.randn(4, 6, device=DEVICE, requires_grad=True)]
+    for got, label in ((mm(a, b)[0], "c"), (mm.moe(a[0], b[0].unsqueeze(0), offs=[5]), "c.moe")):
+        assert got.requires_grad
+        torch.testing.assert_close(got.detach(), a[0] @ b[0].detach(), atol=1e-4, rtol=1e-4)
+        with pytest.raises(CallError, match=f"^{re.escape(label)}: a backward pass reached this kernel's outputs"):
+            got.sum().backward()

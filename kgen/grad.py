@@ -1,0 +1,71 @@
+"""Kernel calls on tensors that require grad.
+
+kgen kernels compute no gradient.  A plain call would return leaves, and a backward pass
+through them would leave the inputs' gradient short without a word; so where autograd
+records (grad mode on, an input that requires grad), a ``Kernel`` call's outputs join the
+graph through ``NoGradient``, whose backward is a CallError naming the kernel.  Under
+``torch.no_grad()`` or ``torch.inference_mode()``, or on inputs that need no grad, calls
+go straight to the generated host function.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import CallError
+
+
+def needing_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among a call's arguments (lists of them too) that autograd records."""
+    if not torch.is_grad_enabled():
+        return []
+    return [t for value in (*args, *kwargs.values())
+            for t in (value if isinstance(value, (list, tuple)) else (value,))
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def call_recorded(label: str, call: Callable[[], object], needing: list[torch.Tensor], out) -> object:
+    """``call()``, its outputs (a tensor, or tuples and lists of them) recorded by autograd as
+    computed from ``needing``."""
+    if out is not None:   # as torch refuses out= where autograd records
+        raise CallError(f"{label}: out= cannot be written where autograd records (an input requires grad, "
+                        f"and kgen kernels compute no gradient); call under torch.no_grad()")
+    shape = []   # the call's result, for its structure
+
+    def run():
+        shape.append(call())
+        return tuple(_leaves(shape[0]))
+
+    flat = NoGradient.apply(label, run, *needing)
+    return _rebuild(shape[0], iter(flat))
+
+
+class NoGradient(torch.autograd.Function):
+    """Outputs of a kernel call on inputs that require grad: a backward pass that reaches
+    them fails, naming the kernel."""
+
+    @staticmethod
+    def forward(ctx, label, run, *needing):
+        ctx.label = label
+        return run()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise CallError(f"{ctx.label}: a backward pass reached this kernel's outputs, and kgen kernels compute "
+                        f"no gradient; call it under torch.no_grad(), or on inputs detached from the graph")
+
+
+def _leaves(value) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    else:
+        for item in value:
+            yield from _leaves(item)
+
+
+def _rebuild(value, flat: Iterator[torch.Tensor]):
+    """``value``'s structure (tuples and lists) over the tensors of ``flat``, in order."""
+    if isinstance(value, torch.Tensor):
+        return next(flat)
+    return type(value)(_rebuild(item, flat) for item in value)
