@@ -25,6 +25,7 @@ def needing_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
+@torch.compiler.disable   # torch.compile runs these calls as they are: it would trace the backward that raises
 def call_recorded(label: str, call: Callable[[], object], needing: list[torch.Tensor], out) -> object:
     """``call()``, its outputs (a tensor, or tuples and lists of them) recorded by autograd as
     computed from ``needing``."""

@@ -165,6 +165,8 @@ class Kernel:
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
+        if use_interpreter_if_no_gpu():   # torch.compile cannot trace Triton's interpreter: it runs calls as they are
+            self._run = torch.compiler.disable(self._run)
         self._moe_tuner = None
         moe_tuning = getattr(plan, "moe_tuning", None)
         if moe_tuning is not None and moe_tuning.configs:
@@ -241,6 +243,8 @@ class HeaderlessKernel:
         self._lhs = matmul_lhs_inputs(self._syntax)
         self._kernels: dict[tuple, Kernel] = {}
         self._last: Kernel | None = None
+        if use_interpreter_if_no_gpu():   # nor the setting up of the interpreter as it generates one
+            self._specialize = torch.compiler.disable(self._specialize)
 
     def __call__(self, *args, out=None, config=None, **kwargs):
         if kwargs:

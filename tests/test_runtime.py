@@ -714,6 +714,12 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     assert torch.equal(z, x.detach() > 0)
     with pytest.raises(CallError, match=r"a backward pass reached this kernel's outputs.*torch.no_grad\(\)"):
         (y.sum() + x.sum()).backward()          # x gets a gradient along the other path: this one may not go missing
+    model = torch.compile(lambda x: two(x)[0] * 3, backend="aot_eager")    # such calls run as they are
+    y = model(x)
+    torch.testing.assert_close(y.detach(), (x.detach() * 2 + 1) * 3)
+    with pytest.raises(CallError, match=r"a backward pass reached this kernel's outputs"):
+        y.sum().backward()
+    torch.testing.assert_close(model(x.detach()), (x.detach() * 2 + 1) * 3)
     for context in (torch.no_grad, torch.inference_mode):
         with context():
             assert not two(x)[0].requires_grad
@@ -727,3 +733,12 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
         torch.testing.assert_close(got.detach(), a[0] @ b[0].detach(), atol=1e-4, rtol=1e-4)
         with pytest.raises(CallError, match=f"^{re.escape(label)}: a backward pass reached this kernel's outputs"):
             got.sum().backward()
+
+
+def test_a_kernel_first_called_inside_torch_compile():
+    """A headerless kernel generated for its first call inside code that torch.compile traces
+    (on Triton's interpreter, where the calls run as they are, and on a GPU, traced)."""
+    k = kgen.compile("y = exp(x) - 1")
+    model = torch.compile(lambda x: k(x) * 2, backend="aot_eager")
+    x = torch.randn(33, 5, device=DEVICE)
+    torch.testing.assert_close(model(x), (torch.exp(x) - 1) * 2)
