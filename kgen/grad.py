@@ -16,13 +16,24 @@ import torch
 from .errors import CallError
 
 
+_Tensor, _grad_enabled = torch.Tensor, torch.is_grad_enabled    # looked up once: this runs at every call
+
+
 def needing_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors among a call's arguments (lists of them too) that autograd records."""
-    if not torch.is_grad_enabled():
-        return []
-    return [t for value in (*args, *kwargs.values())
-            for t in (value if isinstance(value, (list, tuple)) else (value,))
-            if isinstance(t, torch.Tensor) and t.requires_grad]
+    """The tensors among a call's arguments (lists of them too) that autograd records.  Every
+    kernel call pays for this loop: it stays plain (about 0.1 us a tensor)."""
+    found: list[torch.Tensor] = []
+    if not _grad_enabled():
+        return found
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, _Tensor):
+            if value.requires_grad:
+                found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for t in value:
+                if isinstance(t, _Tensor) and t.requires_grad:
+                    found.append(t)
+    return found
 
 
 @torch.compiler.disable   # torch.compile runs these calls as they are: it would trace the backward that raises

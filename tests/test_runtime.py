@@ -730,7 +730,7 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     a, b = [torch.randn(5, 4, device=DEVICE)], [torch.randn(4, 6, device=DEVICE, requires_grad=True)]
     for got, label in ((mm(a, b)[0], "c"), (mm.moe(a[0], b[0].unsqueeze(0), offs=[5]), "c.moe")):
         assert got.requires_grad
-        torch.testing.assert_close(got.detach(), a[0] @ b[0].detach(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.detach(), a[0] @ b[0].detach(), atol=2e-2, rtol=2e-2)   # TF32 on a GPU
         with pytest.raises(CallError, match=f"^{re.escape(label)}: a backward pass reached this kernel's outputs"):
             got.sum().backward()
 
