@@ -165,8 +165,10 @@ class Kernel:
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
-        if use_interpreter_if_no_gpu():   # torch.compile cannot trace Triton's interpreter: it runs calls as they are
-            self._run = torch.compiler.disable(self._run)
+        if use_interpreter_if_no_gpu() or plan.pattern == "grouped_gemm":
+            # torch.compile runs these calls as they are (a graph break): it cannot trace Triton's
+            # interpreter, and tracing a grouped GEMM's host code took it 40 s and more
+            self._run = _untraced(self._run)
         self._moe_tuner = None
         moe_tuning = getattr(plan, "moe_tuning", None)
         if moe_tuning is not None and moe_tuning.configs:
@@ -244,7 +246,7 @@ class HeaderlessKernel:
         self._kernels: dict[tuple, Kernel] = {}
         self._last: Kernel | None = None
         if use_interpreter_if_no_gpu():   # nor the setting up of the interpreter as it generates one
-            self._specialize = torch.compiler.disable(self._specialize)
+            self._specialize = _untraced(self._specialize)
 
     def __call__(self, *args, out=None, config=None, **kwargs):
         if kwargs:
@@ -258,7 +260,8 @@ class HeaderlessKernel:
             raise CallError(_nested_input(self.inputs, args)) from None
         kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self._specialize(key, args)
+            grouped = any(isinstance(a, (list, tuple)) for a in args)
+            kernel = (_untraced(self._specialize) if grouped else self._specialize)(key, args)
         self._last = kernel
         return kernel(*args, out=out, **_given(config))
 
@@ -297,7 +300,7 @@ class HeaderlessKernel:
         kernel = self._kernels.get(key)
         if kernel is None:
             try:
-                kernel = self._specialize(key, args)
+                kernel = _untraced(self._specialize)(key, args)
             except SpecError as e:   # say how the call's tensors were read, which the spec cannot show
                 where = f"{e.span}: " if e.span is not None else ""
                 raise CallError(f"moe: {where}{e.message} (the MoE form read {self._moe_reading(args, key)})") \
@@ -378,6 +381,11 @@ class HeaderlessKernel:
 
 
 _EMPTY_LIST = ("empty list",)
+
+
+def _untraced(fn):
+    """``fn`` as torch.compile runs it: as it is (a graph break), not traced (see Kernel)."""
+    return torch.compiler.disable(fn)
 
 
 def _given(config) -> dict:

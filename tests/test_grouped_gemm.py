@@ -949,6 +949,26 @@ def test_gpu_grouped_configs_are_timed_from_cuda_graphs_and_a_refused_capture_fa
     assert_close(k.moe(a, w, offs=offs), moe_reference(a, w, offs, lambda y, g: y), moe_bound(a, w, offs), 1.0, "tf32")
 
 
+def test_grouped_kernels_inside_torch_compile():
+    """Both calling forms inside code that torch.compile traces (on a GPU with its default
+    backend; on Triton's interpreter the calls run as they are), row ends as a list and as a
+    tensor, called twice: the second time from what was compiled."""
+    k = compiled("C = leaky_relu(A @ B)")
+    a = [randn(m, 24, dtype=torch.float16) for m in (5, 40)]
+    b = [randn(24, n, dtype=torch.float16) / 4 for n in (8, 33)]
+    rows = [3, 0, 30]
+    ends = [sum(rows[:i + 1]) for i in range(len(rows))]
+    x, w = randn(ends[-1], 24, dtype=torch.float16), torch.randn(3, 24, 16, device=DEVICE, dtype=torch.float16) / 4
+    model = torch.compile(lambda a, b, x, w, offs: (k(a, b), k.moe(x, w, offs=ends), k.moe(x, w, offs=offs)),
+                          backend="inductor" if HAS_CUDA else "aot_eager")
+    for _ in range(2):
+        c, y, y_t = model(a, b, x, w, torch.tensor(ends, device=DEVICE, dtype=torch.int32))
+        assert_group_close(c, [F.leaky_relu(p.double() @ q.double(), 0.01) for p, q in zip(a, b)], a, b)
+        want = moe_reference(x, w, ends, lambda v, g: F.leaky_relu(v, 0.01))
+        assert_close(y, want, moe_bound(x, w, ends))
+        assert_close(y_t, want, moe_bound(x, w, ends))
+
+
 @pytest.mark.gpu
 def test_gpu_grouped_calls_first_made_in_a_cuda_graph_capture_replay_right():
     """A grouped call whose problem table (or MoE row ends given as a list) is first made
