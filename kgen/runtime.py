@@ -144,8 +144,9 @@ class Kernel:
     """A compiled spec kernel.  Call it with tensors (positionally, in order of first
     appearance, or by name) and ``out=`` optionally; ``.source`` is the Triton it runs."""
 
-    def __init__(self, generated: Generated, index: int):
+    def __init__(self, generated: Generated, index: int, origin: tuple):
         plan, kir = generated.plans[index], generated.kernels[index]
+        self._origin = origin     # (function, arguments) that make it again: how it copies and pickles
         self.name = kir.name
         self.ir = kir
         self.pattern = plan.pattern
@@ -232,6 +233,9 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<kgen.Kernel {self.name}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.pattern}>"
 
+    def __reduce__(self):
+        return self._origin
+
 
 class HeaderlessKernel:
     """A kernel from bare statements: types come from each call.  Each combination of
@@ -308,6 +312,9 @@ class HeaderlessKernel:
         self._last = kernel
         return kernel.moe(*args, offs=offs, out=out, **_given(config))
 
+    def __reduce__(self):
+        return HeaderlessKernel, (self.text, self.path)
+
     def _moe_reading(self, args, key) -> str:
         """How ``moe`` read each tensor: ragged (its key keeps every axis) or stacked (one per problem)."""
         return "; ".join(f"{name} {tuple(a.shape)} as " + ("the problems' rows" if len(k[1]) == a.dim() else
@@ -347,7 +354,7 @@ class HeaderlessKernel:
             else:
                 raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
         generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
-        kernel = Kernel(generated, 0)
+        kernel = Kernel(generated, 0, (_specialized, (self.text, self.path, key)))
         self._kernels[key] = kernel
         return kernel
 
@@ -454,6 +461,9 @@ class Kernels(dict):
         raise CallError(f"this spec defines several kernels ({', '.join(self)}): call one of them, "
                         f"e.g. ks.{next(iter(self))}(...) or ks[{next(iter(self))!r}](...)")
 
+    def __reduce__(self):
+        return Kernels, (list(self.items()),)
+
 
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     """(text, path) for a spec given as a path or as text."""
@@ -496,8 +506,21 @@ def compile_text(text: str, path: str):
     if not module.kernels:
         raise SpecError("the spec defines no kernel", None)
     generated = generate(text, path)
-    kernels = [Kernel(generated, i) for i in range(len(generated.plans))]
+    kernels = [Kernel(generated, i, (_declared, (text, path, i))) for i in range(len(generated.plans))]
     return kernels[0] if len(kernels) == 1 else Kernels((k.name, k) for k in kernels)
+
+
+# Kernels copy and pickle as their specs (a model holding them is deep-copied for an EMA, saved
+# whole, sent to a spawned worker): these make them again, from the module cache where it holds them.
+
+def _declared(text: str, path: str, index: int) -> Kernel:
+    generated = generate(text, path)
+    return Kernel(generated, index, (_declared, (text, path, index)))
+
+
+def _specialized(text: str, path: str, key: tuple) -> Kernel:
+    """A headerless kernel's specialization for ``key``, a key its calls made (so it is valid)."""
+    return HeaderlessKernel(text, path)._specialize(key, (None,) * len(key))
 
 
 def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:

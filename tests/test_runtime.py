@@ -742,3 +742,41 @@ def test_a_kernel_first_called_inside_torch_compile():
     model = torch.compile(lambda x: k(x) * 2, backend="aot_eager")
     x = torch.randn(33, 5, device=DEVICE)
     torch.testing.assert_close(model(x), (torch.exp(x) - 1) * 2)
+
+
+class Block(torch.nn.Module):
+    """A model that holds a kernel (at module level: pickle finds classes by name)."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = kgen.compile("y = x * sigmoid(x)")
+
+    def forward(self, x):
+        return self.act(x)
+
+
+def test_kernels_copy_and_pickle_as_their_specs():
+    """A model that holds kgen kernels can be deep-copied (an EMA copy) and pickled (saved
+    whole, sent to a spawned worker): each kernel is made again from its spec (a headerless
+    kernel's specialization from the key of the call that made it) and computes the same."""
+    import copy
+    import io
+    import pickle
+    x = torch.randn(6, 10, device=DEVICE)
+    several = kgen.compile("kernel a(X: f32[N]) -> Y: f32[N] { Y = X * 2 }\n"
+                           "kernel b(X: f32[N]) -> Y: f32[N] { Y = X + 1 }")
+    headerless = kgen.compile("y = exp(x) - 1")
+    headerless(x)
+    cases = [(kgen.compile(ROOT / "specs" / "softmax.k"), lambda k: k(x.half()), torch.softmax(x.half().float(), -1)),
+             (several, lambda k: k.b(x[0]), x[0] + 1), (several.a, lambda k: k(x[0]), x[0] * 2),
+             (headerless, lambda k: k(x), torch.exp(x) - 1), (headerless._last, lambda k: k(x), torch.exp(x) - 1)]
+    for original, call, want in cases:
+        for twin in (copy.copy(original), copy.deepcopy(original), pickle.loads(pickle.dumps(original))):
+            assert type(twin) is type(original) and twin is not original and repr(twin) == repr(original)
+            torch.testing.assert_close(call(twin).float(), want, atol=2e-3, rtol=2e-3)
+
+    saved = io.BytesIO()
+    torch.save(Block(), saved)
+    saved.seek(0)
+    for block in (copy.deepcopy(Block()), torch.load(saved, weights_only=False)):
+        torch.testing.assert_close(block(x), x * torch.sigmoid(x))
