@@ -166,9 +166,9 @@ class Kernel:
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
-        if use_interpreter_if_no_gpu() or plan.pattern == "grouped_gemm":
+        if use_interpreter_if_no_gpu() or not getattr(plan, "traced", True):
             # torch.compile runs these calls as they are (a graph break): it cannot trace Triton's
-            # interpreter, and tracing a grouped GEMM's host code took it 40 s and more
+            # interpreter, nor a grouped GEMM's host code in good time
             self._run = _untraced(self._run)
         self._moe_tuner = None
         moe_tuning = getattr(plan, "moe_tuning", None)

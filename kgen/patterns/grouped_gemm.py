@@ -238,6 +238,9 @@ class GroupedPlan:
     moe_tuning: Tuning | None
     pattern: str = "grouped_gemm"
     template: str = "grouped_gemm.jinja"
+    # torch.compile runs its calls as they are (a graph break): tracing its host code had taken
+    # a first compile 41-47 s on an H100 host
+    traced: bool = False
 
 
 def match(kir: KernelIR) -> GroupedPlan | None:
