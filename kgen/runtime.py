@@ -461,8 +461,9 @@ class Kernels(dict):
         raise CallError(f"this spec defines several kernels ({', '.join(self)}): call one of them, "
                         f"e.g. ks.{next(iter(self))}(...) or ks[{next(iter(self))!r}](...)")
 
-    def __reduce__(self):
-        return Kernels, (list(self.items()),)
+    def __reduce__(self):   # the spec once, not once per kernel
+        text, path, _ = next(iter(self.values()))._origin[1]
+        return compile_text, (text, path)
 
 
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
