@@ -165,32 +165,49 @@ def gelu(x):
     return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
 
 
-# What a config= given by hand may hold, key by key: (least, a power of two) for numbers,
-# None for flags.  A tl.dot's tiles are at least 16; zero GROUP_M or SPLIT_K would divide by
-# zero or launch nothing on the device.
+# What a config= given by hand may hold, key by key: (least, most, a power of two) for
+# numbers, None for flags.  A tl.dot's tiles are at least 16 and a block at most 2**20 elements
+# (Triton's largest tensor); zero GROUP_M or SPLIT_K would divide by zero or launch nothing, and
+# SPLIT_K programs run on the grid's second axis, which CUDA bounds at 65535; num_warps and
+# num_stages take the values a schedule takes.
 _CONFIG_KINDS = {
-    "BLOCK_M": (16, True), "BLOCK_N": (16, True), "BLOCK_K": (16, True), "BLOCK_SIZE": (1, True),
-    "num_warps": (1, True), "GROUP_M": (1, False), "num_stages": (1, False), "SPLIT_K": (1, False),
-    "programs_per_sm": (1, False), "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
+    "BLOCK_M": (16, 2**20, True), "BLOCK_N": (16, 2**20, True), "BLOCK_K": (16, 2**20, True),
+    "BLOCK_SIZE": (1, 2**20, True), "num_warps": (1, 32, True), "num_stages": (1, 16, False),
+    "GROUP_M": (1, 2**31 - 1, False), "SPLIT_K": (1, 65535, False), "programs_per_sm": (1, 2**31 - 1, False),
+    "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
 }
 
 
+def _config_int(value):
+    """An int of a config value (numpy's integers and IntEnums too, not bools), or None."""
+    index = getattr(type(value), "__index__", None)
+    return None if index is None or isinstance(value, (bool, torch.Tensor)) else index(value)
+
+
 def _check_config(config, required, optional):
-    if type(config) is not dict:
+    """The config as a plain dict of ints and bools, checked key by key."""
+    if not isinstance(config, dict):
         raise ArgumentError(f"config: expected a dict of {', '.join(required)}, got {type(config).__name__}")
     for key in required:
         if key not in config:
             raise ArgumentError(f"config: expected {', '.join(required)}, got no {key}")
+    checked = {}
     for key, value in config.items():
         if key not in required and key not in optional:
             raise ArgumentError(f"config: expected keys among {', '.join(required + optional)}, got {key!r}")
-        kind = _CONFIG_KINDS[key]
+        kind, number = _CONFIG_KINDS[key], _config_int(value)
         if kind is None:
-            if type(value) is not bool and not (type(value) is int and 0 <= value <= 1):
+            if not isinstance(value, bool) and number not in (0, 1):
                 raise ArgumentError(f"config: expected {key} True or False, got {value!r}")
-        elif type(value) is not int or value < kind[0] or kind[1] and value & (value - 1):
-            what = "a power of two" if kind[1] else "an int"
-            raise ArgumentError(f"config: expected {key} {what} of at least {kind[0]}, got {value!r}")
+            checked[key] = bool(value)
+        elif number is None:
+            raise ArgumentError(f"config: expected {key} an int, got {type(value).__name__}")
+        elif not kind[0] <= number <= kind[1] or kind[2] and number & (number - 1):
+            what = "a power of two" if kind[2] else "an int"
+            raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
+        else:
+            checked[key] = number
+    return checked
 
 
 _DEVICES = {}
@@ -452,8 +469,8 @@ def linear_gelu(X, W, b, *, out=None, config=None):
     device = _device(("X", X), ("W", W), ("b", b))
     Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)), ("Y", (M, N), torch.float16))
     if config is not None:   # checked where nothing is launched too: a bad config is a bad call
-        _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-                      ("SPLIT_K", "TMA"))
+        config = _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+                               ("SPLIT_K", "TMA"))
     if Y.numel() == 0:
         return Y
     if config is None:

@@ -136,13 +136,13 @@ def config_text(config: dict) -> str:
 
 def config_check(required: tuple[str, ...], optional: tuple[str, ...], indent: int = 8) -> str:
     """The host line that checks a ``config=`` given by the call (the check_config helper),
-    printed at ``indent``: ``_check_config(config, ("BLOCK_SIZE", "num_warps"), ())``."""
+    printed at ``indent``: ``config = _check_config(config, ("BLOCK_SIZE", "num_warps"), ())``."""
     def keys(names: tuple[str, ...]) -> str:
         if not all(k.isidentifier() for k in names):
             raise TypeError(f"not config keys: {names!r}")
         quoted = ", ".join('"' + k + '"' for k in names)
         return f"({quoted},)" if len(names) == 1 else f"({quoted})"
-    call = "_check_config("
+    call = "config = _check_config("
     line = f"{call}config, {keys(required)}, {keys(optional)})"
     if indent + len(line) <= 100:
         return line

@@ -584,6 +584,12 @@ def test_moe_bad_offsets():
         k.moe(a, torch.randn(0, 8, 5, device=DEVICE), offs=[])
     with pytest.raises(kgen.CallError, match="offs: expected int32 row ends"):
         k.moe(a, w, offs=[5, 2**31, 10])
+    ends = torch.tensor([3, 6, 10], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(kgen.CallError, match="offs: expected a dense tensor of row ends, got a torch.sparse_coo one"):
+        k.moe(a, w, offs=ends.to_sparse())
+    # values 3, 6, 10 that the kernel would read as -3, -6, -10
+    with pytest.raises(kgen.CallError, match="offs: expected a tensor without torch's lazy negation bit"):
+        k.moe(a, w, offs=torch._neg_view(-ends))
 
 
 def test_moe_out_over_offs_is_refused_and_numpy_row_ends_are_ints(watch):

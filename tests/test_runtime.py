@@ -2,11 +2,13 @@
 was given, raised before any launch; compile() by text or path; the module cache."""
 from __future__ import annotations
 
+import collections
 import os
 import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -438,23 +440,32 @@ def _config_calls():
 
 def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error():
     """A config= by hand is checked before any launch: a zero GROUP_M or SPLIT_K would launch
-    nothing or divide by zero on the device, a tile of 24 would not compile."""
+    nothing or divide by zero on the device, a tile of 24 would not compile, 64 warps or 17
+    stages are past what a schedule takes, 65536 SPLIT_K programs past CUDA's grid."""
     for kernel, call, good in _config_calls():
         blocks = [k for k in good if k.startswith("BLOCK")]
         counts = [k for k in good if k in ("GROUP_M", "num_stages", "SPLIT_K", "programs_per_sm")]
         bad = [({}, f".*got no {next(iter(good))}"), (5, "a dict of .* got int"),
                ({**good, "unknown": 1}, "keys among .* got 'unknown'"),
-               ({**good, "num_warps": 3}, "num_warps a power of two of at least 1, got 3")]
-        bad += [({**good, key: 24}, f"{key} a power of two of at least .*, got 24") for key in blocks]
-        bad += [({**good, key: value}, f"{key} an int of at least 1, got {value!r}")
-                for key in counts for value in (0, -1, 2.0, True)]
+               ({**good, "num_warps": 3}, "num_warps a power of two from 1 to 32, got 3"),
+               ({**good, "num_warps": 64}, "num_warps a power of two from 1 to 32, got 64")]
+        bad += [({**good, key: 24}, f"{key} a power of two from .* to 1048576, got 24") for key in blocks]
+        bad += [({**good, key: 2**21}, f"{key} a power of two from .* to 1048576, got 2097152") for key in blocks]
+        bad += [({**good, key: value}, f"{key} an int from 1 to .*, got {value!r}") for key in counts for value in (0, -1)]
+        bad += [({**good, key: value}, f"{key} an int, got {type(value).__name__}") for key in counts
+                for value in (2.0, True, "2", torch.tensor(2))]
+        bad += [({**good, key: value}, f"{key} an int from 1 to {most}, got {value}")
+                for key, most, value in (("num_stages", 16, 17), ("SPLIT_K", 65535, 65536)) if key in good]
         for config, words in bad:
             with pytest.raises(CallError, match=f"config: expected {words}"):
                 call(config)
         result, want = call(good), call(None)
-        for r, w in zip(result if isinstance(result, list) else [result], want if isinstance(want, list) else [want]):
+        # ints of other types (numpy's, an IntEnum) and a dict's subclasses are configs as well
+        numpy_ints = collections.OrderedDict((key, np.int64(value)) for key, value in good.items())
+        for r, w in zip(*(x if isinstance(x, list) else [x] for x in (result, want))):
             torch.testing.assert_close(r, w, atol=1e-2, rtol=1e-2)
-
+        for r, w in zip(*(x if isinstance(x, list) else [x] for x in (call(numpy_ints), want))):
+            torch.testing.assert_close(r, w, atol=1e-2, rtol=1e-2)
 
 
 def test_a_config_that_does_not_fit_is_a_call_error_on_empty_problems_too():
@@ -596,7 +607,7 @@ def test_headerless_kernels_take_a_config_by_hand():
     mm = kgen.compile("C = relu(A @ B)")
     config = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
     torch.testing.assert_close(mm(x, w, config=config), mm(x, w), atol=1e-4, rtol=1e-4)
-    with pytest.raises(CallError, match="config: expected BLOCK_M a power of two of at least 16, got 24"):
+    with pytest.raises(CallError, match="config: expected BLOCK_M a power of two from 16 to 1048576, got 24"):
         mm(x, w, config={**config, "BLOCK_M": 24})
     offs = torch.tensor([7, 20], dtype=torch.int32, device=DEVICE)
     stacked = torch.stack([w, w])
