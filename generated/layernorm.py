@@ -62,10 +62,18 @@ def _device(*named):
     for name, value in named[1:]:
         if value.device != device:
             raise ArgumentError(f"{name}: expected a tensor on {device} (where {first} is), got {value.device}")
-    if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
-        raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
+    _check_kernels_run_on(first, device)
     _check_current(first, device)
     return device
+
+
+def _check_kernels_run_on(name, device):
+    if device.type == "cuda" or device.type == "cpu" and triton.knobs.runtime.interpret:
+        return
+    if triton.knobs.runtime.interpret:
+        raise ArgumentError(f"{name}: expected a CPU tensor (Triton's interpreter runs the kernels here), "
+                            f"got one on {device}")
+    raise ArgumentError(f"{name}: expected a CUDA tensor, got one on {device}")
 
 
 def _check_current(name, device):
@@ -361,7 +369,8 @@ def layernorm_looped_kernel(
             mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
             mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
             mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
-            var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_step * mu_step * mu_weight
+            mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
+            var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
             mu_sum = mu_sum + mu_chunk
             mu_count = mu_count + chunk_cols
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
@@ -383,7 +392,7 @@ def layernorm_looped_kernel(
             mu_seen = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one
             mu_x = tl.where(mask, X, 0.0)
             mu_dev = mu_x - mu_lanes * (1.0 / tl.maximum(mu_seen, 1.0))
-            var_lanes = var_lanes + mu_dev * mu_dev * (mu_seen / (mu_seen + 1.0))
+            var_lanes = var_lanes + mu_dev * (mu_dev * (mu_seen / (mu_seen + 1.0)))
             mu_lanes = mu_lanes + mu_x
         # the lanes merged into the row's: their sums, and their squared deviations within and between lanes
         mu_whole = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds
@@ -393,8 +402,8 @@ def layernorm_looped_kernel(
         mu_dev = mu_lanes / tl.maximum(mu_whole, 1.0) - mu_chunk_mean
         mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
         mu_weight = mu_count * mu_cols / tl.maximum(mu_count + mu_cols, 1.0)
-        var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1,
-                           keep_dims=True) + mu_step * mu_step * mu_weight
+        mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
+        var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
         mu_sum = mu_sum + mu_chunk
         mu_count = mu_count + mu_cols
         # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1)

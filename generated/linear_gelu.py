@@ -62,10 +62,18 @@ def _device(*named):
     for name, value in named[1:]:
         if value.device != device:
             raise ArgumentError(f"{name}: expected a tensor on {device} (where {first} is), got {value.device}")
-    if device.type != "cuda" and not (device.type == "cpu" and triton.knobs.runtime.interpret):
-        raise ArgumentError(f"{first}: expected a CUDA tensor, got one on {device}")
+    _check_kernels_run_on(first, device)
     _check_current(first, device)
     return device
+
+
+def _check_kernels_run_on(name, device):
+    if device.type == "cuda" or device.type == "cpu" and triton.knobs.runtime.interpret:
+        return
+    if triton.knobs.runtime.interpret:
+        raise ArgumentError(f"{name}: expected a CPU tensor (Triton's interpreter runs the kernels here), "
+                            f"got one on {device}")
+    raise ArgumentError(f"{name}: expected a CUDA tensor, got one on {device}")
 
 
 def _check_current(name, device):

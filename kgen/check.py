@@ -216,11 +216,14 @@ def _headerless_kernel(k: S.Kernel, params, outputs) -> S.Kernel:
         sparams.append(S.Param(S.Name(name, span_of), S.TensorType(S.Name(dt.name, span), dims, is_list, span),
                                None, span_of))
     souts = tuple(S.Param(S.Name(o, span), None, None, span) for o in outputs)
+    return S.Kernel(S.Name(headerless_name(outputs), span), tuple(sparams), souts, k.body, span, headerless=True)
+
+
+def headerless_name(outputs: tuple[str, ...]) -> str:
+    """A headerless kernel's name: its outputs' (``y``, ``y_z``), ``kernel_`` before a reserved one."""
     base = "_".join(outputs).lower() if len(outputs) <= 3 else "kernel_" + outputs[0].lower()
     # TL = ..., Kernel = ..., X_PTR = ...: not names the module may define
-    name = next(n for n in (base, f"kernel_{base}", f"kernel_{base}_fn") if not is_reserved(n))
-    name = S.Name(name, span)
-    return S.Kernel(name, tuple(sparams), souts, k.body, span, headerless=True)
+    return next(n for n in (base, f"kernel_{base}", f"kernel_{base}_fn") if not is_reserved(n))
 
 
 def _first_use(k: S.Kernel, name: str) -> Span | None:

@@ -84,6 +84,20 @@ WEAK_CASTS = {
     D.BOOL: ("tl.cast({0}, tl.int1)", CALL, (0,)),
 }
 
+# An integer (or bool) converted to bf16 goes through f32, as torch converts it (rounding twice
+# past 2**24); Triton's interpreter would read the integer's bits as a bf16's.
+INT_TO_BF16 = ("{0}.to(tl.float32).to(tl.bfloat16).to(tl.float32)", CALL, (ATOM,))
+WEAK_INT_TO_BF16 = ("tl.cast(tl.cast({0}, tl.float32), tl.bfloat16).to(tl.float32)", CALL, (0,))
+
+
+def store_cast(computed: D.DType, stored: D.DType) -> str:
+    """What a value computed in ``computed.compute`` (f32 for 16-bit floats) takes to be stored
+    as ``stored``: rounded on store, an integer to bf16 through f32 (``.to(tl.float32).to(...)``)."""
+    if computed.compute is stored:
+        return ""
+    return f"{'.to(tl.float32)' * (stored is D.BF16 and not computed.is_float)}.to({stored.triton})"
+
+
 # Ops whose Triton functions take floating operands only: an integer operand is
 # converted to f32 first, as torch does for exp(int tensor).
 FLOAT_OPERANDS = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TANH,
@@ -171,6 +185,8 @@ class Printer:
             return text, UNARY if text.startswith("-") else ATOM
         if node.op is Op.CAST:
             fmt, prec, slots = (WEAK_CASTS if node.inputs[0].is_weak else CASTS)[node.arg]
+            if node.arg is D.BF16 and not node.inputs[0].dtype.is_float:
+                fmt, prec, slots = WEAK_INT_TO_BF16 if node.inputs[0].is_weak else INT_TO_BF16
             if node.inputs[0].dtype.compute is node.arg.compute and node.arg.bits >= 32 \
                     and not node.inputs[0].is_weak:
                 return self.expr(node.inputs[0])  # f32(x) of an f32 tensor

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes as D
-from .check import Arg, headerless_inputs, matmul_lhs_inputs
+from .check import Arg, headerless_inputs, headerless_name, matmul_lhs_inputs
 from .errors import CallError, KgenError, SpecError, did_you_mean
 from .files import abridged, display_path, open_regular, read_regular
 from .grad import call_recorded, needing_grad
@@ -246,6 +246,7 @@ class HeaderlessKernel:
         module = parse(text, path)
         self._syntax = module.kernels[0]
         self.inputs, self.outputs = headerless_inputs(self._syntax)
+        self.name = headerless_name(self.outputs)
         self._lhs = matmul_lhs_inputs(self._syntax)
         self._kernels: dict[tuple, Kernel] = {}
         self._last: Kernel | None = None
@@ -253,8 +254,17 @@ class HeaderlessKernel:
             self._specialize = _untraced(self._specialize)
 
     def __call__(self, *args, out=None, config=None, **kwargs):
-        if kwargs:
-            args = self._bind(args, kwargs)
+        try:
+            kernel, args = self._kernel_for(args, kwargs)
+        except CallError as e:   # named as the generated kernel's own errors are
+            raise CallError(f"{self.name}: {e}") from None
+        self._last = kernel
+        return kernel(*args, out=out, **_given(config))
+
+    def _kernel_for(self, args, kwargs) -> tuple[Kernel, tuple]:
+        """The kernel for these arguments (generated at the first call of its key), and the
+        arguments in input order."""
+        args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
         try:
@@ -266,18 +276,25 @@ class HeaderlessKernel:
         if kernel is None:
             grouped = any(isinstance(a, (list, tuple)) for a in args)
             kernel = (_untraced(self._specialize) if grouped else self._specialize)(key, args)
-        self._last = kernel
-        return kernel(*args, out=out, **_given(config))
+        return kernel, args
 
     def moe(self, *args, offs=None, out=None, config=None, **kwargs):
         """The grouped GEMM of these statements in the MoE layout (see ``Kernel.moe``).  The
         call decides what each tensor is: rank 3, problems stacked ``[G, ...]``; rank 2,
         rows stacked ``[T, ...]`` when it has as many rows as the matmul's left operand
         (the first 2-D input it reads), else problems stacked; rank 0 or 1, problems stacked."""
+        try:
+            kernel, args = self._moe_kernel_for(args, kwargs, offs)
+        except CallError as e:
+            raise CallError(f"{self.name}: {e}") from None
+        self._last = kernel
+        return kernel.moe(*args, offs=offs, out=out, **_given(config))
+
+    def _moe_kernel_for(self, args, kwargs, offs) -> tuple[Kernel, tuple]:
+        """``moe``'s kernel for these arguments, and the arguments in input order."""
         if offs is None:
             raise CallError("moe: missing offs=, where each problem's rows end")
-        if kwargs:
-            args = self._bind(args, kwargs)
+        args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
         if _has_nested(args):
@@ -309,8 +326,7 @@ class HeaderlessKernel:
                 where = f"{e.span}: " if e.span is not None else ""
                 raise CallError(f"moe: {where}{e.message} (the MoE form read {self._moe_reading(args, key)})") \
                     from None
-        self._last = kernel
-        return kernel.moe(*args, offs=offs, out=out, **_given(config))
+        return kernel, args
 
     def __reduce__(self):
         return HeaderlessKernel, (self.text, self.path)
@@ -322,6 +338,8 @@ class HeaderlessKernel:
                          for name, a, k in zip(self.inputs, args, key) if isinstance(a, torch.Tensor))
 
     def _bind(self, args, kwargs):
+        if not kwargs:
+            return args
         bound = list(args) + [None] * (len(self.inputs) - len(args))
         for name, value in kwargs.items():
             if name not in self.inputs:

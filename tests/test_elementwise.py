@@ -892,6 +892,27 @@ def test_bf16_casts():
 _I32 = torch.int32
 
 
+def test_integers_to_bf16_go_through_f32_as_torch_converts_them():
+    """An i32 or bool becomes bf16 through f32, as torch converts it: 2**24 + 2**16 + 1 rounds to
+    2**24 + 2**16 in f32, a tie that bf16 rounds to 2**24 (one rounding would give 2**24 + 2**17);
+    Triton's interpreter, converting an int straight to bf16, read its bits as a bf16's (1 was 0).
+    In a cast, a promotion, a row kernel, a store, and of a scalar argument."""
+    c = torch.tensor([1, 2, 3, 100, -5, 0, 2**24 + 1, -(2**24 + 1), 2**24 + 2**16 + 1, 2**31 - 1], dtype=_I32,
+                     device=DEVICE)
+    one = torch.tensor(1.0, dtype=torch.bfloat16, device=DEVICE)
+    bf16_out = kgen.compile("kernel to_bf16(c: i32[N]) -> y: bf16[N] {\n    y = c\n}\n")
+    scalar = kgen.compile("kernel scalar_bf16(c: i32[N], n: i32) -> y: bf16[N] {\n    y = bf16(n) + c * 0\n}\n")
+    cases = [(kgen.compile("y = bf16(c)")(c), c.to(torch.bfloat16)),
+             (kgen.compile("y = c * b")(c, one), c * one),
+             (kgen.compile("y = bf16(c > 2)")(c), (c > 2).to(torch.bfloat16)),
+             (bf16_out(c), c.to(torch.bfloat16)),
+             (kgen.compile("y = c - max(w)")(c[None], torch.zeros(1, 10, dtype=torch.bfloat16, device=DEVICE)),
+              c[None].to(torch.bfloat16)),
+             (scalar(c, 2**24 + 2**16 + 1), c.new_tensor(2**24 + 2**16 + 1).to(torch.bfloat16).expand(10))]
+    for got, want in cases:
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want), (got, want)
+
+
 @pytest.mark.parametrize("text, args, fn", [
     # casts of numbers are typed values (0-dim tensors), never Python numbers in the kernel
     ("y = x * i32(3)", (torch.tensor([1., 2.], dtype=torch.float16),),

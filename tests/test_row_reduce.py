@@ -541,6 +541,27 @@ def test_one_pass_variance_keeps_large_means(n, offset, want, monkeypatch):
     torch.testing.assert_close(mu.double(), want_mu.to(mu.device), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("chunk, n", [(8, 7), (8, 100), (8, 101), (None, 40000)])
+def test_one_pass_variance_of_values_past_the_square_root_of_f32_max(chunk, n):
+    """A value past 1.8e19 squares to inf in f32: the row's variance is inf, rstd 0 and Y = B, as
+    the same math in torch's f32 gives, wherever the value sits, also in the looped kernel's first
+    chunk, where Welford's weight is 0 (inf * 0 had made the whole row NaN); N = 40000 loops by
+    default."""
+    kernel = spec_kernel("layernorm", chunk, None, "f32")
+    X = torch.zeros(5, n, device=DEVICE)
+    for row, col in enumerate((0, n // 2, n - 1, 1 % n)):
+        X[row, col] = 2e19 if row % 2 else -1e30
+    X[4] = torch.arange(n, device=DEVICE) / n   # a row of ordinary values beside them
+    W, B = (torch.randn(n, generator=torch.Generator().manual_seed(n)).to(DEVICE) for _ in range(2))
+    mu = X.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(((X - mu) * (X - mu)).mean(-1, keepdim=True) + 1e-5)
+    want = ((X - mu) * rstd * W + B, mu, rstd)
+    assert torch.isinf(rstd[:4].reciprocal()).all()   # torch's variance of the spiked rows: inf
+    for got, w, name in zip(kernel(X, W, B), want, ("Y", "mu", "rstd")):
+        assert not got.isnan().any(), name
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-5, msg=lambda m: f"N={n} {name}: {m}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, dtype", [("softmax", "f16"), ("log_softmax", "f32"), ("layernorm", "f16"),
                                          ("rmsnorm", "f32")])

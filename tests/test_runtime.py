@@ -289,7 +289,7 @@ PATTERN_SPECS = {
 
 
 @pytest.mark.parametrize("spec", sorted(PATTERN_SPECS))
-@pytest.mark.parametrize("kind, message", [("sparse", "expected a dense tensor"), ("meta", "expected a CUDA tensor"),
+@pytest.mark.parametrize("kind, message", [("sparse", "expected a dense tensor"), ("meta", "expected a C(UDA|PU) tensor"),
                                            ("sparse out", "expected a dense")])
 def test_sparse_and_meta_tensors_are_refused_before_any_launch(spec, kind, message, watch):
     """Tensors without strided storage (sparse layouts, the meta device) get a CallError

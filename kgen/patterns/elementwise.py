@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
 from ..ir import KernelIR, POINTWISE, LEAVES, topo_order
-from ..lower import Line, config_check, config_text, helpers_for, statement_lines
+from ..lower import Line, config_check, config_text, helpers_for, statement_lines, store_cast
 from .host import Host, check_locals, host
 
 # (below n_elements, BLOCK_SIZE, num_warps).  Measured on an H200 for x + y and a
@@ -142,7 +142,7 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
         else:
             inputs.append(_operand(p.name, p.shape, shape, load=_load_cast(p.dtype)))
     computed = {s.name: s.node for s in kir.stmts}
-    outputs = tuple(_operand(o.name, shape, shape, store=_store_cast(computed[o.name].dtype, o.node.dtype))
+    outputs = tuple(_operand(o.name, shape, shape, store=store_cast(computed[o.name].dtype, o.node.dtype))
                     for o in kir.outputs)
     body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
     blocks, candidates = _schedule(kir)
@@ -163,10 +163,6 @@ def _operand(name, shape, out_shape, load="", store="") -> Operand:
 def _load_cast(dtype) -> str:
     return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
 
-
-def _store_cast(computed, stored) -> str:
-    """Values are computed in ``computed.compute`` (f32 for 16-bit floats): round on store."""
-    return f".to({stored.triton})" if computed.compute is not stored else ""
 
 
 def _schedule(kir: KernelIR):

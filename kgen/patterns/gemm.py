@@ -62,7 +62,7 @@ from ..autotune import Tuning
 from .. import dtypes as D
 from ..errors import SpecError, UnsupportedError
 from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, topo_order
-from ..lower import CALL, Line, Printer, config_check, config_text, helpers_for, statement_lines
+from ..lower import CALL, Line, Printer, config_check, config_text, helpers_for, statement_lines, store_cast
 from ..render import comment_safe
 from .host import Host, check_locals, host
 
@@ -429,7 +429,7 @@ def lower(kir: KernelIR) -> Lowered | None:
         offsets = " + ".join(([f"pid_b * {o.name}_stride0"] if batched else [])
                              + [f"offs_m[:, None] * {o.name}_stride{rank - 2}",
                                 f"offs_n[None, :] * {o.name}_stride{rank - 1}"])
-        cast = _store_cast(computed[o.name].dtype, o.node.dtype)
+        cast = store_cast(computed[o.name].dtype, o.node.dtype)
         stores.append(f"tl.store({o.name}_ptr + {offsets}, {o.name}{cast}, mask=mask)")
         strides[o.name] = set(range(rank))
 
@@ -529,9 +529,6 @@ def _epilogue_load(name: str, shape, rank: int, dtype) -> tuple[str, set[int]]:
 def _load_cast(dtype) -> str:
     return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
 
-
-def _store_cast(computed, stored) -> str:
-    return f".to({stored.triton})" if computed.compute is not stored else ""
 
 
 def _shape(shape) -> str:

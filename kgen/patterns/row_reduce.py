@@ -118,7 +118,7 @@ from typing import NamedTuple
 from ..check import _source
 from ..errors import KgenError, SpecError, UnsupportedError
 from ..ir import REDUCTIONS, Dim, KernelIR, Node, Op, Shape, topo_order, type_str
-from ..lower import HELPERS, Line, Printer, helpers_for, live_nodes, statement_lines
+from ..lower import HELPERS, Line, Printer, helpers_for, live_nodes, statement_lines, store_cast
 from . import elementwise
 from .host import Host, check_locals, host
 
@@ -655,7 +655,7 @@ class _Planner:
         inputs = [self.operand(p.name, p.shape, _load_cast(p.dtype), "0.0" if p.dtype.is_float else "0")
                   for p in kir.params if not p.is_scalar and id(kir.nodes[p.name]) in used]
         scalars = [p.name for p in kir.params if p.is_scalar and id(kir.nodes[p.name]) in used]
-        outputs = [self.operand(o.name, o.node.shape, _store_cast(self.computed[o.name].dtype, o.node.dtype), "")
+        outputs = [self.operand(o.name, o.node.shape, store_cast(self.computed[o.name].dtype, o.node.dtype), "")
                    for o in kir.outputs]
         names = {id(kir.nodes[p.name]): p.name for p in kir.params if id(kir.nodes[p.name]) in used}
         for r in self.reductions:
@@ -944,9 +944,9 @@ class _Planner:
         the step between its mean and the running one.  (Per-chunk merges in every chunk,
         two reductions each, ran 5-22% slower on an H200 at 32001 to 262144 columns.)"""
         mn = names[id(m)]
-        total, chunk, chunk_mean, dev, step, weight, lanes, seen, x, whole, cols = (
-            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight", "lanes",
-                                                     "seen", "x", "whole", "cols"))
+        total, chunk, chunk_mean, dev, step, weight, between, lanes, seen, x, whole, cols = (
+            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight", "between",
+                                                     "lanes", "seen", "x", "whole", "cols"))
         square_lanes = [self.fresh(f"{names[id(s)]}_lanes") for s in squares]
         init = [f"{total} = tl.zeros([BLOCK_ROWS, 1], tl.float32)", f"{count} = tl.zeros([BLOCK_ROWS, 1], tl.float32)"]
         init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in squares]
@@ -959,8 +959,9 @@ class _Planner:
                     f"{dev} = {deviations}",
                     f"{step} = {chunk_mean} - {total} / tl.maximum({count}, 1.0)",
                     f"{weight} = {count} * {part_cols} / tl.maximum({count} + {part_cols}, 1.0)",
-                    *(f"{names[id(s)]} = {names[id(s)]} + {part} + {step} * {step} * {weight}"
-                      for s, part in zip(squares, part_squares)),
+                    # (none for the first part: a step past 1.8e19 squares to inf, and inf * 0 is NaN)
+                    f"{between} = tl.where({weight} > 0, {step} * {step} * {weight}, 0.0)",
+                    *(f"{names[id(s)]} = {names[id(s)]} + {part} + {between}" for s, part in zip(squares, part_squares)),
                     f"{total} = {total} + {part_sum}", f"{count} = {count} + {part_cols}"]
 
         update = [f"{chunk} = tl.sum(tl.where(mask, {a}, 0.0), axis=1, keep_dims=True)",
@@ -969,7 +970,9 @@ class _Planner:
         lane_update = [f"{seen} = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one",
                        f"{x} = tl.where(mask, {a}, 0.0)",
                        f"{dev} = {x} - {lanes} * (1.0 / tl.maximum({seen}, 1.0))"]
-        lane_update += [f"{sq} = {sq} + {dev} * {dev} * ({seen} / ({seen} + 1.0))" for sq in square_lanes]
+        # (weighted before it is squared: in the first chunk, weight 0, a deviation past 1.8e19 gives
+        # 0, not inf * 0 = NaN)
+        lane_update += [f"{sq} = {sq} + {dev} * ({dev} * ({seen} / ({seen} + 1.0)))" for sq in square_lanes]
         lane_update.append(f"{lanes} = {lanes} + {x}")
         fold = [f"{whole} = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds",
                 f"{cols} = {whole} * BLOCK_N",
@@ -1055,10 +1058,6 @@ def _reduce_peers(r: Node, peers: str) -> str:
 def _load_cast(dtype) -> str:
     return f".to({dtype.compute.triton})" if dtype.compute is not dtype else ""
 
-
-def _store_cast(computed, stored) -> str:
-    """Values are computed in ``computed.compute`` (f32 for 16-bit floats): round on store."""
-    return f".to({stored.triton})" if computed.compute is not stored else ""
 
 
 def _along_row(kir: KernelIR):
