@@ -54,6 +54,7 @@ except ImportError:   # not on this platform: concurrent tuners may each keep on
     fcntl = None
 
 FORMAT = 1
+CACHE_LIMIT = 1 << 26    # bytes of one kernel's tuning file: a larger one is not kgen's, and is ignored
 _PROGRESS_AFTER_S = 1.0
 _MISSING = object()
 
@@ -144,7 +145,8 @@ class DiskCache:
     def entries(self) -> dict[str, dict]:
         """The file's valid entries (key -> {"config": ..., "ms": ...}); {} for a file to ignore."""
         try:   # a FIFO in the cache (a KgenError, not a read that blocks) is a file to ignore too
-            data = json.loads(read_regular(self.path).decode("utf-8"))
+            text = read_regular(self.path, limit=CACHE_LIMIT + 1)
+            data = json.loads(text.decode("utf-8")) if len(text) <= CACHE_LIMIT else None
         except (OSError, KgenError, ValueError, RecursionError):   # unreadable, not JSON, nested past the parser
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or \

@@ -446,8 +446,8 @@ def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (a link or another spelling of it included)."""
     try:
         return os.path.samefile(a, b)
-    except OSError:   # one is not there yet: the same file only by name
-        return os.path.abspath(a) == os.path.abspath(b)
+    except OSError:   # one is not there yet: the same file by name, its folder's links followed
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _check_destination(path: Path | None, option: str) -> None:

@@ -27,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stdout.flush()             # inside: a reader gone by now is still one we tell apart
         sys.stdout = stdout.stream
+    if stdout.failed:
+        print(f"error: cannot write to standard output ({stdout.failed})", file=sys.stderr)
+        return status or 1
     return SIGPIPE_STATUS if stdout.reader_gone and status == 0 else status
 
 
 def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
         _paths(args)
         return COMMANDS[args.command](args)
     except KgenError as e:
@@ -99,18 +102,28 @@ def _paths(args) -> None:
 class _Stdout:
     """``sys.stdout`` while a command runs.  Once the reader of a pipe has gone (``kgen show x.k |
     head -1``), output is dropped instead of raising BrokenPipeError in the middle of the work
-    (a build goes on writing whole files), and ``main`` exits with a shell's status for it."""
+    (a build goes on writing whole files), and ``main`` exits with a shell's status for it.
+    Output that cannot be written otherwise (stdout closed, a full disk: ``failed``) is dropped
+    the same way, and ``main`` says why and exits 1; a character the stream's encoding lacks (a
+    file name's undecodable byte) is printed as its escape."""
 
     def __init__(self, stream):
         self.stream = stream
         self.reader_gone = False
+        self.failed: str | None = None
 
     def write(self, text: str) -> int:
         if not self.reader_gone:
             try:
-                return self.stream.write(text)
+                try:
+                    return self.stream.write(text)
+                except UnicodeEncodeError:
+                    encoding = getattr(self.stream, "encoding", None) or "utf-8"
+                    return self.stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
             except BrokenPipeError:
                 self._gone()
+            except (OSError, ValueError, AttributeError) as e:   # closed (None: no descriptor 1 at all)
+                self._fail(e)
         return len(text)
 
     def flush(self) -> None:
@@ -119,6 +132,12 @@ class _Stdout:
                 self.stream.flush()
             except BrokenPipeError:
                 self._gone()
+            except (OSError, ValueError, AttributeError) as e:
+                self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
+        self.failed = "it is closed" if self.stream is None else getattr(error, "strerror", None) or str(error)
+        self._gone()
 
     def _gone(self) -> None:
         self.reader_gone = True
@@ -226,7 +245,7 @@ def _check(args, results: list) -> int:
 def _freshness(target: Path, source: str) -> str | None:
     """None where ``target`` holds ``source`` byte for byte (a CRLF copy is stale), else why not."""
     try:
-        current = read_regular(target, "a module")
+        current = read_regular(target, "a module", limit=len(source.encode("utf-8")) + 1)
     except FileNotFoundError:
         return "missing"
     except NotRegularFile:   # a FIFO would block the read: never opened for more than a look
@@ -265,19 +284,23 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
 
 def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[Path, str]]:
     """Modules in ``out`` that kgen generated from a spec under one of ``folders`` (the
-    header names it) that no spec there builds any more: a deleted or renamed spec's
-    module, which ``--check`` reports as stale.  Modules from specs elsewhere, and
-    files kgen did not generate, are left alone."""
+    header names it) that is gone: a deleted or renamed spec's module, which ``--check``
+    reports as stale.  Modules of specs that are there (built from a name the folder's walk
+    does not take, ``x.txt`` or a linked folder), of specs elsewhere, and files kgen did not
+    generate are left alone."""
+    from .render import comment_text
     from .targets import generated_from
     roots = tuple(os.path.join(os.path.abspath(f), "") for f in folders)
     found = []
     for module in sorted(out.glob("*.py")) if roots and out.is_dir() else []:
         try:
-            spec = generated_from(module)
+            shown = generated_from(module)
         except (OSError, KgenError):   # unreadable, or not a regular file (a FIFO is never read)
             continue
-        if spec and module not in targets and os.path.abspath(spec).startswith(roots):
-            found.append((module, spec))
+        spec = comment_text(shown) if shown else None   # the header prints it in ASCII
+        if spec and module not in targets and os.path.abspath(spec).startswith(roots) \
+                and existing_kind(spec) != "a regular file":
+            found.append((module, shown))
     return found
 
 

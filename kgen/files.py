@@ -71,10 +71,11 @@ def open_regular(path: str | os.PathLike, mode: str = "rb", expected: str = "a r
         raise
 
 
-def read_regular(path: str | os.PathLike, expected: str = "a regular file") -> bytes:
-    """The bytes of a regular file (see ``open_regular``)."""
+def read_regular(path: str | os.PathLike, expected: str = "a regular file", limit: int = -1) -> bytes:
+    """The bytes of a regular file (see ``open_regular``), at most ``limit`` of them where one is
+    given: a file of other content may be as large as the disk, more than memory holds."""
     with open_regular(path, "rb", expected) as f:
-        return f.read()
+        return f.read(limit)
 
 
 def existing_kind(path: str | os.PathLike) -> str | None:

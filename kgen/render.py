@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import re
+import shlex
 import tokenize
 from functools import lru_cache
 from pathlib import Path
@@ -34,9 +36,23 @@ def environment() -> jinja2.Environment:
 
 
 def comment_safe(text: str) -> str:
-    """Text for a ``#`` comment: printable ASCII only, so it can never end the line."""
-    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
-                   for c in text)
+    """Text for a ``#`` comment: printable ASCII only, so it can never end the line; other
+    characters as Python escapes them (``\\xe9``, ``\\u2028``, ``\\U0001f600``), which
+    ``comment_text`` undoes."""
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else
+                   f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in text)
+
+
+_ESCAPE = re.compile(r"\\(?:x([0-9a-f]{2})|u([0-9a-f]{4})|U([0-9a-f]{8}))")
+
+
+def comment_text(text: str) -> str:
+    """The text ``comment_safe`` printed (a spec path in a module's header: a non-UTF-8 file
+    name's bytes come back as the surrogates Python names them by)."""
+    def char(m: re.Match) -> str:
+        code = int(next(g for g in m.groups() if g), 16)
+        return chr(code) if code <= 0x10FFFF else m.group(0)
+    return _ESCAPE.sub(char, text)
 
 
 def spec_hash(text: str) -> str:
@@ -49,8 +65,11 @@ def render(plans, path: str, text: str) -> str:
         helpers += [h for h in plan.helpers if h not in helpers]
     from .lower import HELPERS
     helpers.sort(key=HELPERS.index)
+    # the header's rebuild command, as a shell takes it back (quoted, never read as an option)
+    command = shlex.quote(f"./{path}" if path.startswith("-") else path)
     source = environment().get_template("module.jinja").render(
-        version=__version__, path=comment_safe(path), sha=spec_hash(text), plans=plans, helpers=helpers)
+        version=__version__, path=comment_safe(path), command=comment_safe(command), sha=spec_hash(text),
+        plans=plans, helpers=helpers)
     return _wrap(_tidy(source))
 
 

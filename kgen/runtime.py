@@ -13,6 +13,7 @@ import builtins
 import hashlib
 import importlib.machinery
 import importlib.util
+import linecache
 import os
 import sys
 import tempfile
@@ -37,7 +38,10 @@ _announced = False
 def cache_dir() -> Path:
     """$KGEN_CACHE_DIR, ``~`` expanded as a shell would (the variable may come quoted, from a
     config file) and a relative path taken from the current folder, or ``~/.cache/kgen``."""
-    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen").expanduser().absolute()
+    try:
+        return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen").expanduser().absolute()
+    except RuntimeError as e:   # ~user of no such user, or no home folder to find
+        raise KgenError(f"cannot find the module cache's folder (set KGEN_CACHE_DIR to a folder): {e}") from None
 
 
 def use_interpreter_if_no_gpu() -> bool:
@@ -87,7 +91,8 @@ def load(source: str):
         directory = cache_dir()
         path = directory / f"kgen_{digest[:24]}.py"
         try:   # not a regular file (a FIFO would block the read) is not intact either: replaced
-            intact = read_regular(path) == source.encode("utf-8")
+            expected = source.encode("utf-8")
+            intact = read_regular(path, limit=len(expected) + 1) == expected
         except (OSError, KgenError):
             intact = False
         try:
@@ -98,6 +103,10 @@ def load(source: str):
             raise KgenError(f"cannot write the module cache in {directory} (set KGEN_CACHE_DIR to a writable "
                             f"folder): {e}") from None
         name = f"kgen_generated_{digest[:24]}"
+        # Triton reads a kernel's source back through inspect (at @triton.jit, and the interpreter
+        # at its first call): from linecache, seeded with the checked text for good (mtime None:
+        # never checked against the file), never from the file, which may have changed since
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
         # compiled from the source just checked, never from a __pycache__ file beside it
         spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path), source))
         module = importlib.util.module_from_spec(spec)
@@ -484,6 +493,9 @@ class Kernels(dict):
         return compile_text, (text, path)
 
 
+SPEC_LIMIT = 1 << 24     # characters of a spec file: more is no spec, and could be more than memory holds
+
+
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     """(text, path) for a spec given as a path or as text."""
     if isinstance(text_or_path, os.PathLike) or isinstance(text_or_path, str) and _names_a_file(text_or_path):
@@ -491,7 +503,11 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
         try:
             # utf-8-sig: a byte-order mark, as Windows editors save one, is no character of the spec
             with open_regular(path, "r", "a spec file", encoding="utf-8-sig") as f:
-                return f.read(), display_path(path)
+                text = f.read(SPEC_LIMIT + 1)
+            if len(text) > SPEC_LIMIT:
+                raise KgenError(f"{display_path(path)}: cannot read the spec: it is longer than "
+                                f"{SPEC_LIMIT} characters")
+            return text, display_path(path)
         except FileNotFoundError:
             raise KgenError(f"{display_path(path)}: no such spec file") from None
         except OSError as e:   # a name too long is shown by its ends

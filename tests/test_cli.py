@@ -6,6 +6,7 @@ import ast
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,30 @@ def test_check_names_the_module_of_a_deleted_spec(project, capsys):
     assert "generated/silu_and_mul.py: missing" in out
     assert "elsewhere" not in out and "notes" not in out
     assert main(["build", "specs/vector_add.k", "--check"]) == 0   # a file checked, not a folder
+
+
+def test_check_calls_orphaned_only_a_module_whose_spec_is_gone(project, capsys):
+    """A module is orphaned when the spec its header names is gone, wherever the folder's name
+    takes the header out of ASCII (spécs: the header prints it escaped); a spec still there
+    that the folder's walk does not take (in a linked folder, or not named .k) orphans nothing."""
+    (project / "spécs").mkdir()
+    shutil.copy(ROOT / "specs" / "softmax.k", project / "spécs" / "softmax.k")
+    assert main(["build", "spécs", "-o", "out"]) == 0
+    assert b"sp\\xe9cs/softmax.k" in (project / "out" / "softmax.py").read_bytes().split(b"\n")[0]
+    (project / "spécs" / "softmax.k").unlink()
+    capsys.readouterr()
+    assert main(["build", "specs", "spécs", "-o", "out", "--check"]) == 1
+    assert "out/softmax.py: orphaned (sp\\xe9cs/softmax.k is gone" in capsys.readouterr().out
+    (project / "shared").mkdir()
+    shutil.copy(ROOT / "specs" / "softmax.k", project / "shared" / "softmax.k")
+    (project / "specs" / "linked").symlink_to(project / "shared")
+    shutil.copy(ROOT / "specs" / "rmsnorm.k", project / "specs" / "rms.txt")
+    assert main(["build", "specs", "specs/linked/softmax.k", "specs/rms.txt", "-o", "out2"]) == 0
+    capsys.readouterr()
+    assert main(["build", "specs", "-o", "out2", "--check"]) == 0, capsys.readouterr().out
+    (project / "shared" / "softmax.k").unlink()
+    assert main(["build", "specs", "-o", "out2", "--check"]) == 1
+    assert "out2/softmax.py: orphaned (specs/linked/softmax.k is gone" in capsys.readouterr().out
 
 
 def test_check_notices_a_changed_spec(project, capsys):
@@ -584,6 +609,44 @@ def test_a_closed_stdout_ends_quietly_with_the_status_of_sigpipe(project, comman
             n.replace(".k", ".py") for n in ELEMENTWISE)
 
 
+@pytest.mark.parametrize("redirect", ["1>&-", ">/dev/full"], ids=["closed", "full"])
+def test_a_stdout_that_cannot_be_written_is_an_error_after_the_work(project, redirect):
+    """Stdout closed (no descriptor 1) or on a full disk: the build still writes every module, then
+    says on stderr why nothing was printed and exits 1, with no traceback."""
+    if not os.path.exists("/dev/full"):
+        pytest.fail("this test needs Linux's /dev/full")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = f"{shlex.quote(sys.executable)} -m kgen build specs -o out {redirect}"
+    result = subprocess.run(["sh", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "error: cannot write to standard output" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (project / "out").iterdir()) == sorted(n.replace(".k", ".py") for n in ELEMENTWISE)
+
+
+def test_file_names_that_are_not_utf8_print_as_escapes(project):
+    """A spec whose file name is not UTF-8 (its byte read back as a surrogate) builds, and its name
+    prints escaped on a stdout that takes UTF-8 strictly; every other spec builds too."""
+    name = os.fsdecode(b"odd\xff.k")
+    shutil.copy(ROOT / "specs" / "vector_add.k", project / "specs" / name)
+    result = kgen_cli("build", "specs", "-o", "out", cwd=project, env={"PYTHONIOENCODING": "utf-8"})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "wrote out/odd\\udcff.py" in result.stdout, result.stdout
+    assert sorted(p.name for p in (project / "out").iterdir()) == sorted(
+        [os.fsdecode(b"odd\xff.py")] + [n.replace(".k", ".py") for n in ELEMENTWISE])
+    assert kgen_cli("build", "specs", "-o", "out", "--check", cwd=project,
+                    env={"PYTHONIOENCODING": "utf-8"}).returncode == 0
+
+
+def test_the_command_line_imports_torch_only_to_run_a_command():
+    """kgen.cli answers --help and bad arguments without importing torch and Triton (seconds), and
+    a Ctrl-C while a command imports them is its own: "error: interrupted", no traceback."""
+    code = "import sys, kgen.cli; print(sorted({'torch', 'triton', 'kgen.runtime'} & set(sys.modules)))"
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": path})
+    assert result.returncode == 0 and result.stdout.strip() == "[]", (result.stdout, result.stderr)
+
+
 @pytest.mark.parametrize("option, path, message", [
     ("--json", "nowhere/rows.json", "--json: nowhere is missing; expected the folder to write rows.json into"),
     ("--json", "specs/vector_add.k/rows.json", "--json: specs/vector_add.k is a regular file; expected the folder"),
@@ -608,10 +671,13 @@ def test_bench_checks_where_it_writes_before_timing(project, capsys, option, pat
     (["--json", "specs/other.k"], "--json: specs/other.k is a spec"),
     (["--plot", "specs/vector_add.k"], "--plot: specs/vector_add.k is a spec; expected a new file for the plot"),
     (["--json", "rows.png", "--plot", "rows.png"], "--plot: rows.png is --json's file too; give each its own"),
+    # a new file named through a linked folder and through the folder itself
+    (["--json", "linked/rows.png", "--plot", "specs/rows.png"], "--plot: specs/rows.png is --json's file too"),
 ])
 def test_bench_never_writes_over_a_spec_or_its_other_file(project, capsys, options, message):
     """The rows are written at the run's end: a slip of the destination must not lose the spec."""
     (project / "rows.json").symlink_to(project / "specs" / "vector_add.k")
+    (project / "linked").symlink_to(project / "specs")
     before = snapshot(project)
     assert main(["bench", "specs/vector_add.k", *options]) == 1
     assert f"error: {message}" in capsys.readouterr().err

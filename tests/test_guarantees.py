@@ -415,6 +415,55 @@ def test_cached_bytecode_is_never_trusted(tmp_path, monkeypatch, device):
     torch.testing.assert_close(module.pyc_probe(x), x * 3)
 
 
+def test_a_cached_module_changed_after_its_load_is_never_read_back(tmp_path, monkeypatch, device):
+    """Triton reads a kernel's source back through inspect, at @triton.jit and (the interpreter) at
+    the kernel's first call: it reads the text kgen checked, not the file, which another process
+    may have changed since the load."""
+    from kgen import runtime
+    source, cached = _cached("kernel reread_probe(x: f32[N]) -> y: f32[N] { y = x + 2 }", tmp_path, monkeypatch)
+    module = runtime.load(source)
+    planted = tmp_path / "planted"
+    cached.write_text(source.replace("    pid = tl.program_id(0)\n",
+                                     f"    pid = tl.program_id(0); open({str(planted)!r}, 'w').close()\n", 1))
+    assert "open(" in cached.read_text()
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close(module.reread_probe(x), x + 2)
+    assert not planted.exists()
+
+
+def test_files_larger_than_memory_are_never_read_whole(tmp_path, monkeypatch, capsys, device):
+    """A cached module, a built target or a spec of a terabyte (sparse: no disk used) is read only
+    as far as kgen's own text would go: the module is rewritten, the target stale, the spec a
+    KgenError, never a MemoryError."""
+    from kgen import runtime
+    from kgen.cli import main
+    text = "kernel huge_probe(x: f32[N]) -> y: f32[N] { y = x * 5 }"
+    source, cached = _cached(text, tmp_path / "cache", monkeypatch)
+    os.truncate(cached, 1 << 40)
+    module = runtime.load(source)
+    assert cached.read_text() == source
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close(module.huge_probe(x), x * 5)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "huge_probe.k").write_text(text + "\n")
+    assert main(["build", "huge_probe.k", "-o", "out"]) == 0
+    os.truncate(tmp_path / "out" / "huge_probe.py", 1 << 40)
+    capsys.readouterr()
+    assert main(["build", "huge_probe.k", "-o", "out", "--check"]) == 1
+    assert "out/huge_probe.py: stale" in capsys.readouterr().out
+    os.truncate(tmp_path / "huge_probe.k", 1 << 40)
+    with pytest.raises(kgen.KgenError, match="huge_probe.k: cannot read the spec: it is longer than"):
+        kgen.compile(tmp_path / "huge_probe.k")
+
+
+def test_a_home_folder_that_cannot_be_found_is_a_kgen_error(monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", "~no_such_user_kgen_probe/cache")
+    from kgen import runtime
+    monkeypatch.setattr(runtime, "_modules", {})
+    with pytest.raises(kgen.KgenError, match="cannot find the module cache's folder"):
+        kgen.compile("kernel home_probe(x: f32[N]) -> y: f32[N] { y = x + 6 }")
+
+
 def test_an_unusable_cache_folder_is_a_kgen_error(tmp_path, monkeypatch):
     from kgen import runtime
     blocker = tmp_path / "not_a_folder"

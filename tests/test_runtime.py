@@ -289,7 +289,8 @@ PATTERN_SPECS = {
 
 
 @pytest.mark.parametrize("spec", sorted(PATTERN_SPECS))
-@pytest.mark.parametrize("kind, message", [("sparse", "expected a dense tensor"), ("meta", "expected a C(UDA|PU) tensor"),
+@pytest.mark.parametrize("kind, message", [("sparse", "expected a dense tensor"),
+                                           ("meta", "expected a C(UDA|PU) tensor"),
                                            ("sparse out", "expected a dense")])
 def test_sparse_and_meta_tensors_are_refused_before_any_launch(spec, kind, message, watch):
     """Tensors without strided storage (sparse layouts, the meta device) get a CallError
@@ -451,7 +452,8 @@ def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error():
                ({**good, "num_warps": 64}, "num_warps a power of two from 1 to 32, got 64")]
         bad += [({**good, key: 24}, f"{key} a power of two from .* to 1048576, got 24") for key in blocks]
         bad += [({**good, key: 2**21}, f"{key} a power of two from .* to 1048576, got 2097152") for key in blocks]
-        bad += [({**good, key: value}, f"{key} an int from 1 to .*, got {value!r}") for key in counts for value in (0, -1)]
+        bad += [({**good, key: value}, f"{key} an int from 1 to .*, got {value!r}")
+                for key in counts for value in (0, -1)]
         bad += [({**good, key: value}, f"{key} an int, got {type(value).__name__}") for key in counts
                 for value in (2.0, True, "2", torch.tensor(2))]
         bad += [({**good, key: value}, f"{key} an int from 1 to {most}, got {value}")

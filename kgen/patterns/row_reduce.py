@@ -961,7 +961,8 @@ class _Planner:
                     f"{weight} = {count} * {part_cols} / tl.maximum({count} + {part_cols}, 1.0)",
                     # (none for the first part: a step past 1.8e19 squares to inf, and inf * 0 is NaN)
                     f"{between} = tl.where({weight} > 0, {step} * {step} * {weight}, 0.0)",
-                    *(f"{names[id(s)]} = {names[id(s)]} + {part} + {between}" for s, part in zip(squares, part_squares)),
+                    *(f"{names[id(s)]} = {names[id(s)]} + {part} + {between}"
+                      for s, part in zip(squares, part_squares)),
                     f"{total} = {total} + {part_sum}", f"{count} = {count} + {part_cols}"]
 
         update = [f"{chunk} = tl.sum(tl.where(mask, {a}, 0.0), axis=1, keep_dims=True)",
