@@ -84,8 +84,9 @@ WEAK_CASTS = {
     D.BOOL: ("tl.cast({0}, tl.int1)", CALL, (0,)),
 }
 
-# An integer (or bool) converted to bf16 goes through f32, as torch converts it (rounding twice
-# past 2**24); Triton's interpreter would read the integer's bits as a bf16's.
+# An integer (or bool) converted to bf16 goes through f32, as torch converts it; Triton's
+# interpreter would read the integer's bits as a bf16's.  (On the GPU the compiler makes the two
+# conversions one, rounding once where torch rounds twice: README, "integers past 2**24".)
 INT_TO_BF16 = ("{0}.to(tl.float32).to(tl.bfloat16).to(tl.float32)", CALL, (ATOM,))
 WEAK_INT_TO_BF16 = ("tl.cast(tl.cast({0}, tl.float32), tl.bfloat16).to(tl.float32)", CALL, (0,))
 
