@@ -365,7 +365,7 @@ class _Checker:
                 raise SpecError(f"output '{o.name.id}' is never assigned", o.name.span)
             stmt = by_name[o.name.id]
             if o.type is not None:
-                stmt = self._declared_output(o, stmt)
+                stmt = self._declared_output(o, stmt, any(p.is_list for p in params))
             outputs.append(stmt)
         if not outputs:
             raise SpecError("the kernel has no outputs", k.span)
@@ -392,6 +392,10 @@ class _Checker:
                 raise SpecError(f"tensors of rank {len(shape)} are not supported (at most 4)", t.span)
         elif t.is_list:
             raise SpecError("a list type needs a shape, such as [f16[M, K]]", t.span)
+        if shape is None and dtype.is_float and dtype.bits < 32:
+            raise SpecError(f"a scalar parameter is f32, i32 or bool, not {dtype.name}: scalars take part in "
+                            f"math as Python numbers do (f16 tensors times a scalar give f16, computed in f32); "
+                            f"declare it f32", t.span)
         default = None
         if p.default is not None:
             if shape is not None:
@@ -404,15 +408,24 @@ class _Checker:
                 default = bool(default)
         return Param(p.name.id, dtype, shape, t.is_list, default, p.span)
 
-    def _declared_output(self, o: S.Param, stmt: Stmt) -> Stmt:
+    def _declared_output(self, o: S.Param, stmt: Stmt, grouped: bool) -> Stmt:
+        """``grouped``: the kernel has list parameters, so each output is a list, one per problem."""
         t = o.type
         dtype = _dtype(t.dtype)
         node = stmt.node
+        if t.is_list != grouped:
+            why = "a list, but the kernel has no list parameters" if t.is_list else \
+                (f"one tensor, but the kernel computes one per problem of its list parameters: declare it "
+                 f"[{type_str(dtype, node.shape)}]")
+            raise SpecError(f"output '{o.name.id}' is declared {why}", t.span)
         if t.shape is not None:
             shape = tuple(_literal_dim(d) if isinstance(d, S.Number) else d.id for d in t.shape)
             if shape != node.shape:
-                raise SpecError(f"output '{o.name.id}' is declared {type_str(dtype, shape)} but the body "
-                                f"computes {type_str(node.dtype, node.shape)}", t.span)
+                declared, computed = type_str(dtype, shape), type_str(node.dtype, node.shape)
+                if grouped:
+                    declared, computed = f"[{declared}]", f"[{computed}]"
+                raise SpecError(f"output '{o.name.id}' is declared {declared} but the body "
+                                f"computes {computed}", t.span)
         if dtype is not node.dtype:
             node = Node(Op.CAST, dtype, node.shape, (node,), dtype, node.span)
         return Stmt(stmt.name, node, stmt.source, stmt.span)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from . import dtypes as D
-from .ir import KernelIR, Node, Op, topo_order
+from .ir import LEAVES, KernelIR, Node, Op, topo_order
 
 ATOM, CALL, UNARY, MUL, ADD, CMP = 100, 90, 30, 20, 10, 5
 
@@ -55,7 +55,7 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
 HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
-           "pow_number",
+           "pow_number", "pow_int",
            "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
            "launch_split", "group_host")
 _NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
@@ -121,6 +121,8 @@ def _needs(node: Node) -> tuple[str, ...]:
         return _NEEDS[_ROOT_POWERS[node.inputs[1].arg]]
     if _number_power(node):
         return _NEEDS[Op.SQRT] + _NEEDS[Op.RSQRT] + _NEEDS[Op.POW] + ("pow_number",)
+    if node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
+        return () if node.inputs[0].op in LEAVES else ("pow_int",)   # (a named value prints as a leaf does)
     return _NEEDS.get(node.op, ())
 
 
@@ -196,11 +198,12 @@ class Printer:
             return self.expr(Node(_ROOT_POWERS[node.inputs[1].arg], node.dtype, node.shape, node.inputs[:1]))
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
             base, base_prec = self.expr(node.inputs[0])
-            if base_prec == ATOM:
-                if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
-                    base, _ = self._to_f32(node.inputs[0], base, base_prec)
+            atom = base_prec == ATOM
+            if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
+                base, _ = self._to_f32(node.inputs[0], base, base_prec)
+            if atom:
                 return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
-            fmt, prec, slots = TRITON_OPS[Op.POW]
+            return f"pow_int({base}, {int(node.inputs[1].arg)})", CALL   # its product, the base computed once
         elif _number_power(node):
             fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)
         elif node.op is Op.CLAMP:

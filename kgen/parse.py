@@ -18,7 +18,7 @@ from . import syntax as S
 from .errors import Span, SpecError
 
 # a comment is consumed to its line's end, so "# kernel to scale x" does not start a header
-_HEADER = re.compile(r"\A(?:\s|#[^\n]*(?:\n|\Z))*(kernel|schedule)\s+[^\W\d]")
+_HEADER = re.compile(r"\A(?:\s|;|#[^\n]*(?:\n|\Z))*(kernel|schedule)\s+[^\W\d]")
 _OPENERS, _CLOSERS = {"LPAR", "LSQB"}, {"RPAR", "RSQB"}
 
 # What a user calls each terminal in an "expected ..." message.
@@ -32,8 +32,21 @@ _TOKEN_NAMES = {
 }
 
 
+def _semicolon_at(sep: str) -> int | None:
+    """Where a separator token (newlines, ';', comments) has its first ';' outside a comment,
+    which ends a statement wherever it is; None for newlines and comments alone."""
+    in_comment = False
+    for i, c in enumerate(sep):
+        if c == "#" or c == "\n":
+            in_comment = c == "#"
+        elif c == ";" and not in_comment:
+            return i
+    return None
+
+
 class _DropNewlinesInBrackets:
-    """Post-lexer: a newline inside () or [] continues the line (';' still ends it)."""
+    """Post-lexer: a newline inside () or [] continues the line (';' still ends it, one inside a
+    comment does not)."""
 
     always_accept = ("_SEP",)
 
@@ -44,7 +57,7 @@ class _DropNewlinesInBrackets:
                 depth += 1
             elif tok.type in _CLOSERS:
                 depth = max(0, depth - 1)
-            elif tok.type == "_SEP" and depth and ";" not in tok:
+            elif tok.type == "_SEP" and depth and _semicolon_at(tok) is None:
                 continue
             yield tok
 
@@ -137,9 +150,15 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
         width = 1
     else:
         tok = getattr(e, "token", None)
-        if tok is None or tok.type == "$END" or (tok.type == "_SEP" and "\n" in tok and ";" not in tok):
+        semicolon = _semicolon_at(tok) if tok is not None and tok.type == "_SEP" else None
+        if tok is None or tok.type == "$END" or (tok.type == "_SEP" and "\n" in tok and semicolon is None):
             what = "unexpected end of line" if tok is not None and tok.type == "_SEP" else "unexpected end of input"
             width = 1
+        elif semicolon is not None:   # at the ';' itself, not at the comments and blanks before it
+            before = tok[:semicolon]
+            line, col = line + before.count("\n"), (col + len(before) if "\n" not in before
+                                                     else len(before) - before.rindex("\n"))
+            what, width = "unexpected ';'", 1
         else:
             what = f"unexpected {str(tok)!r}"
             width = max(1, len(str(tok)))

@@ -538,9 +538,7 @@ def compile_text(text: str, path: str):
         if not module.kernels[0].body:
             raise SpecError("the spec has no statements: write one such as Y = X * 2", module.kernels[0].span)
         return HeaderlessKernel(text, path)
-    if not module.kernels:
-        raise SpecError("the spec defines no kernel", None)
-    generated = generate(text, path)
+    generated = generate(text, path)   # schedules alone: an error at the first one's kernel name
     kernels = [Kernel(generated, i, (_declared, (text, path, i))) for i in range(len(generated.plans))]
     return kernels[0] if len(kernels) == 1 else Kernels((k.name, k) for k in kernels)
 

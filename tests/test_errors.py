@@ -172,6 +172,20 @@ CASES = [
     ("row-reduction key unknown", scheduled("BLOCK_SIZE = 64", kind="rows"), 5, 5,
      "row-reduction kernels take BLOCK_N, BLOCK_ROWS, num_warps, num_stages in their schedule, not 'BLOCK_SIZE'",
      SpecError),
+    ("16-bit scalar parameter", K("Y = X * s", "X: f16[M, N], s: f16 = 70000"), 1, 27,
+     "a scalar parameter is f32, i32 or bool, not f16", SpecError),
+    # an output is a list exactly where the kernel has list parameters (one per problem)
+    ("output a list without list parameters", K("Y = X * 2", out="Y: [f16[M, N]]"), 1, 30,
+     "output 'Y' is declared a list, but the kernel has no list parameters", SpecError),
+    ("output one tensor of a grouped kernel", K("C = A @ B", "A: [f16[M, K]], B: [f16[K, N]]", "C: f16[M, N]"), 1, 48,
+     "output 'C' is declared one tensor, but the kernel computes one per problem of its list parameters: "
+     "declare it [f16[M, N]]", SpecError),
+    ("output list of another shape", K("C = A @ B", "A: [f16[M, K]], B: [f16[K, N]]", "C: [f16[M, K]]"), 1, 48,
+     "output 'C' is declared [f16[M, K]] but the body computes [f16[M, N]]", SpecError),
+    # a ';' in a comment ends nothing; one outside does, where it stands
+    ("semicolon inside brackets", "Y = exp(X +  # then; more\n   ; 1)\n", 2, 4, "unexpected ';'", SpecError),
+    ("schedule alone", "# tuning only\nschedule f {\n    num_warps = 4\n}\n", 2, 10,
+     "schedule for unknown kernel 'f'", SpecError),
 ]
 
 

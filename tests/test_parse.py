@@ -91,6 +91,12 @@ def test_multi_line_calls_and_continuations():
 def test_a_newline_in_brackets_does_not_end_a_statement_but_a_semicolon_does():
     with pytest.raises(SpecError):
         parse("Y = exp(X;\n)")
+    # nor does a ';' inside a comment there: a comment per parameter may say anything
+    (k,) = parse("Y = (X +   # add one; then done\n     1)").kernels
+    assert [s.target.id for s in k.body] == ["Y"]
+    m = parse("kernel scale(x: f32[N],   # the input; any length\n             s: f32) -> y: f32[N] {\n"
+              "    y = x * s\n}\n")
+    assert [p.name.id for p in m.kernels[0].params] == ["x", "s"]
 
 
 def test_spans_are_one_based_lines_and_columns():
@@ -173,6 +179,9 @@ def test_a_module_is_recognised_after_comments():
     # a name that merely starts with "kernel" is a headerless statement
     m = parse("kernels = X + 1")
     assert m.kernels[0].headerless and m.kernels[0].body[0].target.id == "kernels"
+    # after separators too, as the grammar takes them before a kernel
+    m = parse(";\n; # x\nkernel k(X: f32[N]) -> Y {\n    Y = X\n}\n")
+    assert not m.kernels[0].headerless and m.kernels[0].name.id == "k"
 
 
 def test_syntax_tree_is_frozen():
