@@ -100,6 +100,16 @@ def check(module: S.Module, args: dict[str, tuple[Arg, ...]] | None = None) -> t
     return tuple(kernels)
 
 
+def check_headerless_names(kernel: S.Kernel) -> None:
+    """A headerless kernel's names, checked when it is compiled as each of its specializations
+    will check them: a reserved name is an error before any call."""
+    inputs, _ = headerless_inputs(kernel)
+    for name in inputs:
+        check_name(S.Name(name, _first_use(kernel, name) or kernel.span), "parameter")
+    for stmt in kernel.body:
+        check_name(stmt.target, "value")
+
+
 def headerless_inputs(kernel: S.Kernel) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(inputs, outputs) of a headerless kernel: names read before they are assigned,
     in order of first appearance; assigned names that no later statement reads."""
@@ -275,6 +285,9 @@ def is_reserved(name: str) -> bool:
 
 def check_name(name: S.Name, what: str) -> None:
     """Reject names that would shadow Python or the generated code's own names."""
+    if name.id in ("nan", "inf"):   # read as numbers, which the language writes otherwise
+        raise SpecError(f"'{name.id}' is no number in kgen's language (0.0 / 0.0 is NaN, 1 / 0 is inf) "
+                        f"and cannot name a {what}", name.span)
     if is_reserved(name.id):
         raise SpecError(f"'{name.id}' cannot name a {what}: it is reserved in the generated Python; "
                         f"choose another name", name.span)
@@ -437,6 +450,7 @@ class _Checker:
             return Node(Op.CONST, dtype, (), (), e.value, e.span)
         if isinstance(e, S.Name):
             if e.id not in env:
+                check_name(e, "value")   # nan and inf: the language writes them otherwise
                 raise SpecError(f"unknown name '{e.id}'{did_you_mean(e.id, env)}", e.span)
             return env[e.id]
         if isinstance(e, S.Neg):

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from . import dtypes as D
-from .check import Arg, headerless_inputs, headerless_name, matmul_lhs_inputs
-from .errors import CallError, KgenError, SpecError, did_you_mean
-from .files import abridged, display_path, open_regular, read_regular
+from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
+from .errors import CallError, KgenError, Span, SpecError, did_you_mean
+from .files import abridged, display_path, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
 from .pipeline import Generated, generate
@@ -255,6 +255,7 @@ class HeaderlessKernel:
         module = parse(text, path)
         self._syntax = module.kernels[0]
         self.inputs, self.outputs = headerless_inputs(self._syntax)
+        check_headerless_names(self._syntax)
         self.name = headerless_name(self.outputs)
         self._lhs = matmul_lhs_inputs(self._syntax)
         self._kernels: dict[tuple, Kernel] = {}
@@ -501,22 +502,32 @@ def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     if isinstance(text_or_path, os.PathLike) or isinstance(text_or_path, str) and _names_a_file(text_or_path):
         path = Path(text_or_path)
         try:
-            # utf-8-sig: a byte-order mark, as Windows editors save one, is no character of the spec
-            with open_regular(path, "r", "a spec file", encoding="utf-8-sig") as f:
-                text = f.read(SPEC_LIMIT + 1)
-            if len(text) > SPEC_LIMIT:
-                raise KgenError(f"{display_path(path)}: cannot read the spec: it is longer than "
-                                f"{SPEC_LIMIT} characters")
-            return text, display_path(path)
+            raw = read_regular(path, "a spec file", limit=SPEC_LIMIT + 1)
         except FileNotFoundError:
             raise KgenError(f"{display_path(path)}: no such spec file") from None
         except OSError as e:   # a name too long is shown by its ends
             raise KgenError(f"{abridged(display_path(path))}: cannot read the spec ({e.strerror or e})") from None
+        if len(raw) > SPEC_LIMIT:
+            raise KgenError(f"{display_path(path)}: cannot read the spec: it is longer than {SPEC_LIMIT} bytes")
+        # a byte-order mark, as Windows editors save one, is no character of the spec
+        raw = raw.removeprefix(b"\xef\xbb\xbf")
+        try:
+            return raw.decode("utf-8"), display_path(path)
         except UnicodeDecodeError as e:
-            raise KgenError(f"{display_path(path)}: cannot read the spec ({e})") from None
+            raise _not_utf8(raw, e, display_path(path)) from None
     if not isinstance(text_or_path, str):   # str(None) would be a spec that reads None
         raise CallError(f"expected spec text (a str) or a path to a .k file, got {type(text_or_path).__name__}")
     return text_or_path, "<string>"
+
+
+def _not_utf8(raw: bytes, error: UnicodeDecodeError, path: str) -> SpecError:
+    """The error for a spec file that is not UTF-8, at the first byte that is not."""
+    start = raw.rfind(b"\n", 0, error.start) + 1
+    line = raw.count(b"\n", 0, error.start) + 1
+    col = len(raw[start:error.start].decode("utf-8", "replace")) + 1
+    text = raw.decode("utf-8", "replace")
+    return SpecError(f"byte {raw[error.start]:#04x} is not UTF-8: save the spec as UTF-8",
+                     Span(path, line, col, line, col + 1, text))
 
 
 def _names_a_file(text: str) -> bool:
