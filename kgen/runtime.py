@@ -32,7 +32,19 @@ from .pipeline import Generated, generate
 
 _modules: dict[str, object] = {}
 _lock = threading.Lock()
+# Triton's interpreter keeps a launch's state in globals (its grid index, the patched tl): one
+# launch at a time, whichever threads call
+_interpreting = threading.RLock()
 _announced = False
+
+
+def _fresh_locks() -> None:
+    """In a forked child, locks another thread of the parent held stay held: new ones."""
+    global _lock, _interpreting
+    _lock, _interpreting = threading.Lock(), threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)
 
 
 def cache_dir() -> Path:
@@ -175,7 +187,9 @@ class Kernel:
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
-        if use_interpreter_if_no_gpu() or not getattr(plan, "traced", True):
+        if use_interpreter_if_no_gpu():
+            self._run = _untraced(_one_at_a_time(self._run))
+        elif not getattr(plan, "traced", True):
             # torch.compile runs these calls as they are (a graph break): it cannot trace Triton's
             # interpreter, nor a grouped GEMM's host code in good time
             self._run = _untraced(self._run)
@@ -189,11 +203,16 @@ class Kernel:
         return self._run(self._host, self._tuner, self.name, self._signature, args, kwargs)
 
     def _run(self, host, tuner, label: str, signature: str, args, kwargs):
+        out = kwargs.get("out")
+        if out is not None:
+            _check_writable(label, out)
         needing = needing_grad(args, kwargs)
         if needing:
-            return call_recorded(label, lambda: self._call(host, tuner, label, signature, args, kwargs), needing,
-                                 kwargs.get("out"))
-        return self._call(host, tuner, label, signature, args, kwargs)
+            return call_recorded(label, lambda: self._call(host, tuner, label, signature, args, kwargs), needing, out)
+        result = self._call(host, tuner, label, signature, args, kwargs)
+        if out is not None and not torch.compiler.is_compiling():
+            _written(out)
+        return result
 
     def _call(self, host, tuner, label: str, signature: str, args, kwargs):
         """Call a generated host function with the tuner's config; its argument errors
@@ -416,6 +435,38 @@ class HeaderlessKernel:
 
 
 _EMPTY_LIST = ("empty list",)
+
+
+def _one_at_a_time(fn):
+    """``fn`` holding the interpreter's lock (see ``_interpreting``)."""
+    def serialized(*args, **kwargs):
+        with _interpreting:
+            return fn(*args, **kwargs)
+    return serialized
+
+
+def _tensors(value):
+    """The tensors of an ``out=`` (a tensor, or tuples and lists of them, as grouped outputs are)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _check_writable(label: str, out) -> None:
+    """An inference tensor takes writes only in inference mode, as torch's out= operations say."""
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in _tensors(out)):
+        raise CallError(f"{label}: out: expected a tensor that may be written here, got an inference tensor "
+                        f"(made under torch.inference_mode()), which takes writes only inside it")
+
+
+def _written(out) -> None:
+    """Each ``out=`` tensor's version moves on, as torch's out= operations move it: a backward pass
+    that saved one before it was written refuses, rather than using the new values."""
+    for t in _tensors(out):
+        if not t.is_inference():
+            torch.autograd.graph.increment_version(t)
 
 
 def _untraced(fn):

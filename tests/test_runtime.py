@@ -714,6 +714,73 @@ def test_tensors_on_a_gpu_other_than_the_current_one(monkeypatch):
         mm([x, x.to("cuda:0")], [w, w.to("cuda:0")], [bias, bias.to("cuda:0")])
 
 
+def test_threads_calling_kernels_at_once_get_what_torch_gives():
+    """Threads calling kernels at once, first calls (headerless specializations) among them, get
+    torch's results; on Triton's interpreter, which keeps a launch's state in globals, kgen runs
+    one launch at a time (before, raw InterpreterErrors and silently wrong rows)."""
+    from concurrent.futures import ThreadPoolExecutor
+    softmax = kgen.compile("y = exp(x - max(x)) / sum(exp(x - max(x)))")
+    scale = kgen.compile("y = x * 2 + 1")
+    mm = kgen.compile("C = relu(A @ B)")
+
+    def job(i):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(16 + i % 3, 24, generator=g).to(DEVICE)
+        b = torch.randn(24, 8, generator=g).to(DEVICE)
+        v = x[:, :5].half() if i % 2 else x.t()      # a second dtype and a strided layout
+        checks = [(softmax(x), torch.softmax(x, -1)), (scale(v), v * 2 + 1), (mm(x, b), (x @ b).relu())]
+        return all(got.dtype == want.dtype and torch.allclose(got.float(), want.float(), atol=1e-2, rtol=1e-2)
+                   for got, want in checks)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(job, range(24)))
+
+
+def test_out_writes_move_the_version_on_as_torchs_do():
+    """A tensor written through out= has a new version, as torch's out= operations give it: a
+    backward pass that saved it before refuses instead of computing with the new values (it had
+    returned 10 for a gradient of 1); an inference tensor takes writes only in inference mode."""
+    double = kgen.compile("y = x * 2.0")
+    w = torch.randn(4, device=DEVICE, requires_grad=True)
+    y = torch.ones(4, device=DEVICE)
+    z = w * y                                     # autograd saves y
+    double(torch.full((4,), 5.0, device=DEVICE), out=y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+    with torch.inference_mode():
+        frozen = torch.ones(4, device=DEVICE)
+    with pytest.raises(CallError, match="y: out: expected a tensor that may be written here, got an inference"):
+        double(torch.ones(4, device=DEVICE), out=frozen)
+    assert torch.equal(frozen, torch.ones(4, device=DEVICE))
+    with torch.inference_mode():
+        double(torch.ones(4, device=DEVICE), out=frozen)
+    assert torch.equal(frozen, torch.full((4,), 2.0, device=DEVICE))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX's")
+def test_a_child_forked_while_a_thread_compiles_compiles_too():
+    """A child forked while another thread held kgen's module lock had that lock held for good and
+    hung in its first kgen.compile; the child gets fresh locks."""
+    import threading
+    from kgen import runtime
+    if DEVICE != "cpu":
+        pytest.skip("a CUDA context does not survive a fork; the CPU run covers the locks")
+    with runtime._lock:      # as a compile in another thread holds it
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                done = threading.Event()
+                threading.Timer(60, lambda: os._exit(2) if not done.is_set() else None).start()
+                k = kgen.compile("y_forked = x * 3 + 0.5")
+                code = 0 if torch.equal(k(torch.ones(2)), torch.full((2,), 3.5)) else 3
+                done.set()
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     """kgen kernels compute no gradient: called where autograd records, a kernel's outputs join
     the graph, and a backward pass that reaches them is a CallError naming the kernel, not an
