@@ -44,7 +44,8 @@ def _fresh_locks() -> None:
     _lock, _interpreting = threading.Lock(), threading.RLock()
 
 
-os.register_at_fork(after_in_child=_fresh_locks)
+if hasattr(os, "register_at_fork"):   # POSIX's
+    os.register_at_fork(after_in_child=_fresh_locks)
 
 
 def cache_dir() -> Path:
