@@ -28,20 +28,18 @@ from .errors import CallError, KgenError, Span, SpecError, did_you_mean
 from .files import abridged, display_path, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
+from . import pipeline
 from .pipeline import Generated, generate
 
 _modules: dict[str, object] = {}
 _lock = threading.Lock()
-# Triton's interpreter keeps a launch's state in globals (its grid index, the patched tl): one
-# launch at a time, whichever threads call
-_interpreting = threading.RLock()
 _announced = False
 
 
 def _fresh_locks() -> None:
-    """In a forked child, locks another thread of the parent held stay held: new ones."""
-    global _lock, _interpreting
-    _lock, _interpreting = threading.Lock(), threading.RLock()
+    """In a forked child, a lock another thread of the parent held stays held: a new one."""
+    global _lock
+    _lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):   # POSIX's
@@ -439,9 +437,9 @@ _EMPTY_LIST = ("empty list",)
 
 
 def _one_at_a_time(fn):
-    """``fn`` holding the interpreter's lock (see ``_interpreting``)."""
+    """``fn`` holding ``pipeline.python_lock`` (Triton's interpreter: one launch at a time)."""
     def serialized(*args, **kwargs):
-        with _interpreting:
+        with pipeline.python_lock:
             return fn(*args, **kwargs)
     return serialized
 
