@@ -122,7 +122,7 @@ def _needs(node: Node) -> tuple[str, ...]:
     if _number_power(node):
         return _NEEDS[Op.SQRT] + _NEEDS[Op.RSQRT] + _NEEDS[Op.POW] + ("pow_number",)
     if node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
-        return () if node.inputs[0].op in LEAVES else ("pow_int",)   # (a named value prints as a leaf does)
+        return () if node.inputs[0].op in LEAVES else ("pow_int",)
     return _NEEDS.get(node.op, ())
 
 
@@ -198,12 +198,11 @@ class Printer:
             return self.expr(Node(_ROOT_POWERS[node.inputs[1].arg], node.dtype, node.shape, node.inputs[:1]))
         elif node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
             base, base_prec = self.expr(node.inputs[0])
-            atom = base_prec == ATOM
             if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
                 base, _ = self._to_f32(node.inputs[0], base, base_prec)
-            if atom:
+            if node.inputs[0].op in LEAVES:   # x * x; a computed base (named or not) once, in pow_int
                 return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
-            return f"pow_int({base}, {int(node.inputs[1].arg)})", CALL   # its product, the base computed once
+            return f"pow_int({base}, {int(node.inputs[1].arg)})", CALL
         elif _number_power(node):
             fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)
         elif node.op is Op.CLAMP:
