@@ -468,12 +468,12 @@ class _Checker:
         shape = self.broadcast(a, b, e.span)
         if op in _COMPARISONS:
             common = _result_type(a, b)
-            a, b = _promoted(a, common, compare=True), _promoted(b, common, compare=True)
+            a, b = _promoted(a, common, every=True), _promoted(b, common, every=True)
             return Node(op, D.BOOL, shape, (a, b), None, e.span)
         self._no_bool(a, e.op, e.left.span)
         self._no_bool(b, e.op, e.right.span)
         dtype = _result_type(a, b)
-        a, b = _promoted(a, dtype), _promoted(b, dtype)
+        a, b = _promoted(a, dtype, every=op is Op.POW), _promoted(b, dtype, every=op is Op.POW)
         if op is Op.DIV and not dtype.is_float:
             dtype = D.F32
         if op is Op.POW and not dtype.is_float:
@@ -656,6 +656,9 @@ def _folded(node: Node) -> Node:
         value = node.inputs[0].arg
         if not (math.isfinite(value) and -2**31 <= math.trunc(value) < 2**31):
             raise SpecError(f"i32({value!r}) is outside int32", node.span)
+        # the integer itself, cast: tl.cast(123456789.0, tl.int32) would round through f32
+        whole = Node(Op.CONST, D.I32, (), (), math.trunc(value), node.inputs[0].span)
+        return Node(Op.CAST, D.I32, (), (whole,), D.I32, node.span)
     if node.op not in POINTWISE or node.op is Op.CAST or any(i.op is not Op.CONST for i in node.inputs):
         return node
     operands = [torch.tensor(i.arg, dtype=torch.float64 if i.dtype.is_float else torch.int64 if i.dtype is D.I32
@@ -686,14 +689,24 @@ def _integer_power(base: int, exponent: int, span: Span) -> Node:
     return Node(Op.CONST, D.F32, (), (), float(value), span)
 
 
-def _promoted(x: Node, common: DType, compare: bool = False) -> Node:
-    """x as torch hands it to an op whose operands promote to a 16-bit float ``common``
-    (kgen computes in f32): an integer or bool tensor cast to ``common`` first (i32 2049
-    minus f16 2048 is 0, not 1), and for a comparison every other operand too, numbers
-    included (f16 x == 0.1 holds where x is f16(0.1)); elsewhere x as it is."""
+def _promoted(x: Node, common: DType, every: bool = False) -> Node:
+    """x as torch on the GPU hands it to an op whose operands promote to a 16-bit float
+    ``common`` (kgen computes in f32): a tensor of another dtype, 0-dim ones included, cast to
+    ``common`` first (i32 2049 minus f16 2048 is 0, not 1; f16 x - f32 0-dim 0.1 is 0 where x
+    is f16(0.1)), and for a comparison or a power (``every``) Python numbers too (f16
+    x == 0.1 holds there; x ** 0.3 takes f16(0.3)); elsewhere numbers as they are, which
+    torch's arithmetic on the GPU does not round (x - 0.1 is f16(x - 0.1), computed in f32)."""
     if not (common.is_float and common.bits == 16) or x.dtype is common:
         return x
-    if compare or (x.dtype.category < common.category and not x.is_weak):
+    if every and x.op is Op.CONST and x.dtype is not D.BOOL:
+        # a number rounded here: x ** 2 stays a product and x ** 0.5 a root
+        value = torch.tensor(x.arg, dtype=torch.float64).to(common.torch).item()
+        if value == x.arg or math.isnan(value):
+            return x
+        if x.dtype is D.I32 and math.isfinite(value) and -2**31 <= value < 2**31:   # 2049 is 2048
+            return Node(Op.CONST, D.I32, (), (), int(value), x.span)
+        return Node(Op.CONST, D.F32, (), (), value, x.span)
+    if every or not x.is_weak:
         return Node(Op.CAST, common, x.shape, (x,), common, x.span)
     return x
 

@@ -39,8 +39,8 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
     Op.SIN: ("sin({0})", CALL, (0,)),
     Op.COS: ("tl.cos({0})", CALL, (0,)),
     Op.SIGMOID: ("tl.sigmoid({0})", CALL, (0,)),
-    # NaN-propagating, as torch.relu / maximum / minimum / clamp are
-    Op.RELU: ("tl.maximum({0}, 0, propagate_nan=tl.PropagateNan.ALL)", CALL, (0,)),
+    Op.RELU: ("relu({0})", CALL, (0,)),
+    # NaN-propagating, as torch.maximum / minimum / clamp are
     Op.MAXIMUM: ("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
     Op.MINIMUM: ("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
     Op.WHERE: ("tl.where({0}, {1}, {2})", CALL, (0, 0, 0)),
@@ -50,17 +50,18 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
     Op.SILU: ("silu({0})", CALL, (0,)),
     Op.SOFTPLUS: ("softplus({0})", CALL, (0,)),
     Op.LEAKY_RELU: ("leaky_relu({0}, {1})", CALL, (0, 0)),
-    Op.POW: ("powf({0}, {1})", CALL, (0, 0)),
+    # {2}: computed in f64 for an f32 result (see powf)
+    Op.POW: ("powf({0}, {1}, {2})", CALL, (0, 0)),
 }
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
-HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
-           "pow_number", "pow_int",
+HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "relu", "leaky_relu",
+           "powf", "pow_number", "pow_int",
            "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
            "launch_split", "group_host")
 _NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
           Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
-          Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
+          Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.RELU: ("relu",), Op.LEAKY_RELU: ("leaky_relu",),
           Op.POW: ("exp2", "powf")}
 
 # A cast rounds to its target and, for 16-bit floats, computes on in f32.
@@ -112,7 +113,12 @@ _ROOT_POWERS = {0.5: Op.SQRT, -0.5: Op.RSQRT}
 
 def _number_power(node: Node) -> bool:
     """x ** p for a Python-number p that is not a literal (a scalar argument, math on one)."""
-    return node.op is Op.POW and node.inputs[1].is_weak and node.inputs[1].op is not Op.CONST
+    if node.op is not Op.POW:
+        return False
+    exponent = node.inputs[1]
+    if exponent.op is Op.CAST and exponent.inputs[0].is_weak:   # rounded to a 16-bit base's dtype
+        exponent = exponent.inputs[0]
+    return exponent.is_weak and exponent.op is not Op.CONST
 
 
 def _needs(node: Node) -> tuple[str, ...]:
@@ -204,7 +210,7 @@ class Printer:
                 return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
             return f"pow_int({base}, {int(node.inputs[1].arg)})", CALL
         elif _number_power(node):
-            fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)
+            fmt, prec, slots = "pow_number({0}, {1}, {2})", CALL, (0, 0)
         elif node.op is Op.CLAMP:
             return self._clamp(node)
         elif node.op in TRITON_OPS:
@@ -223,6 +229,8 @@ class Printer:
             elif node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
                 text, p = self._to_f32(operand, text, p)
             args.append(f"({text})" if p < need else text)
+        if node.op is Op.POW:
+            args.append(str(node.dtype is D.F32))
         return fmt.format(*args), prec
 
     @staticmethod

@@ -466,13 +466,16 @@ def special_values(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("fn", UNARY_FUNCTIONS)
 def test_each_function_special_values(fn, dtype):
-    """NaN, infinities, signed zeros, overflow thresholds: where torch is defined, so is kgen."""
+    """NaN, infinities, signed zeros, overflow thresholds: where torch is defined, so is kgen,
+    the sign of a zero result included (1 / tanh(-0.0) is -inf)."""
     x = special_values(dtype)
     kernel = kgen.compile(f"Y = {fn}(X)")
     got = kernel(x)
     want = TORCH_UNARY[fn](x.double())
     assert got.dtype == TORCH_UNARY[fn](x).dtype
     assert_matches(got, want)
+    zero = want == 0
+    assert torch.equal(got[zero].signbit(), want[zero].signbit()), (x[zero], got[zero])
     assert_matches(got, evaluate(kernel.ir, {"X": x})[0])
 
 
@@ -510,11 +513,21 @@ INTS = torch.tensor([1, 2049, 0, 2048, 2051, 1, 65520], dtype=torch.int32)
     ("y = x * a", (HALVES, INTS), lambda x, a: x * a),
     ("y = maximum(a, x)", (INTS, HALVES), torch.maximum),
     ("y = where(x > 1, a, x)", (HALVES, INTS), lambda x, a: torch.where(x > 1, a, x)),
+    # 0-dim tensors and cast numbers are tensors: rounded too (f16(0.1) - f32(0.1) is 0)
+    ("y = x - t", (HALVES, torch.tensor(0.1)), lambda x, t: x - t),
+    ("y = x - f32(0.1)", (HALVES,), lambda x: x - torch.tensor(0.1)),
+    # a number exponent is rounded to the base's dtype, as torch's pow on the GPU takes it
+    ("y = x ** 0.3", (HALVES.abs(),), lambda x: (x.float() ** torch.tensor(0.3).half().float()).half()),
+    ("y = x ** p", (HALVES.abs(), 0.3), lambda x, p: (x.float() ** torch.tensor(p).half().float()).half()),
+    # ... where arithmetic on the GPU takes a Python number as it is (torch on the CPU rounds
+    # those of + and -): f16(0.1) - 0.1 is f16 of the f32 difference, 1 + 2049 is 2050
+    ("y = x - 0.1 + 2049", (HALVES,), lambda x: (x.float() - 0.1 + 2049).half()),
+    ("y = x - s", (HALVES, 0.1), lambda x, s: (x.float() - s).half()),
 ])
 def test_operands_promoted_to_a_16_bit_dtype_are_rounded_to_it(text, args, fn):
-    """torch casts an integer tensor to the 16-bit float it promotes to, and a comparison
-    rounds both sides to it (f16 0.1 == 0.1, f16 2048 >= 2049): so does kgen, which
-    otherwise computes 16-bit values in f32."""
+    """torch on the GPU casts a tensor (0-dim too) to the 16-bit float it promotes to, and a
+    comparison or a power rounds numbers to it as well (f16 0.1 == 0.1, f16 2048 >= 2049): so
+    does kgen, which otherwise computes 16-bit values in f32."""
     args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     got = kgen.compile(text)(*args)
     want = fn(*args)
@@ -947,6 +960,11 @@ def test_integers_to_bf16_go_through_f32_as_torch_converts_them():
     ("y = c + -2147483648", (torch.tensor([1, -2], dtype=_I32),), lambda c: c + -2147483648),
     ("y = c + -(2147483648) - --2147483648", (torch.tensor([1, -2], dtype=_I32),),
      lambda c: c + -2147483648 - 2147483648.0),
+    # a float cast to i32 is the integer itself, not the float rounded to f32 first (123456792)
+    ("y = c + i32(123456789.0) - i32(-7.9)", (torch.tensor([0, 1], dtype=_I32),),
+     lambda c: c + torch.tensor(123456789.0, dtype=torch.float64).int() - torch.tensor(-7.9).int()),
+    ("y = c + i32(2147483600.0)", (torch.tensor([0, 1], dtype=_I32),),
+     lambda c: c + torch.tensor(2147483600.0, dtype=torch.float64).int()),
 ])
 def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
     """Math on numbers alone is folded as the reference computes it, so the kernel never
@@ -955,7 +973,8 @@ def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
     args = tuple(a.to(DEVICE) for a in args)
     got = kgen.compile(text)(*args)
     want = fn(*args)
-    assert got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-6, equal_nan=True), (got, want)
+    close = torch.allclose(got, want, rtol=1e-6, equal_nan=True) if want.is_floating_point() else torch.equal(got, want)
+    assert got.dtype == want.dtype and close, (got, want)
 
 
 @pytest.mark.parametrize("text, fn", [
@@ -972,6 +991,26 @@ def test_math_on_float_arguments_alone_computes_as_torch_does(text, fn, b, c):
     got = kgen.compile(text)(x, b, c)
     want = fn(x.double(), torch.tensor(b, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
     assert torch.allclose(got.double(), want, rtol=1e-6, equal_nan=True), (got, want)
+
+
+@pytest.mark.parametrize("text, args", [
+    ("y = x ** 5", ()), ("y = x ** 2.5", ()), ("y = x ** -3.75", ()), ("y = x ** p", (2.0,)), ("y = x ** p", (-7.0,)),
+    ("y = x ** p", (1.0,)), ("y = x ** e", "tensor"), ("y = x * 0 + 10.0 ** (e * 4)", "tensor")])
+def test_f32_powers_are_within_an_ulp(text, args):
+    """An f32 power is within an ulp of the exact one, as torch.pow's is, up to the ends of
+    f32's range (3 ** 5 is 243, 10 ** 38 is f32(1e38)): exp2(y * log2|x|) in f32 had been up to
+    80 ulps off where y * log2|x| is large, and 10 ** 2 was 99.99999."""
+    x = torch.cat([torch.logspace(-7, 7, 57), -torch.logspace(-3, 3, 13), torch.arange(1.0, 40.0)]).to(DEVICE)
+    if args == "tensor":
+        args = (torch.linspace(-5.0, 5.0, x.numel(), device=DEVICE).round(),)
+    got = kgen.compile(text)(x, *args).double()
+    want = eval(text.split("=", 1)[1], {"x": x.double(), "p": args[0] if args else None,
+                                        "e": args[0].double() if args and torch.is_tensor(args[0]) else None})
+    want = want.float().double()   # the exact power's f32 value: infinities and zeros where f32 has them
+    finite = want.isfinite() & (want != 0)
+    torch.testing.assert_close(got[~finite], want[~finite], rtol=0, atol=0, equal_nan=True)
+    ulps = (got - want)[finite].abs() / (want[finite].abs() * 2.0 ** -23)
+    assert ulps.max() <= 1.0, (x[finite][ulps.argmax()], got[finite][ulps.argmax()], want[finite][ulps.argmax()])
 
 
 @pytest.mark.parametrize("text", ["y = x ** p", "y = x ** (p * 1.0)"])

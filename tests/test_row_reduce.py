@@ -868,6 +868,18 @@ def test_reduction_over_another_axis_is_an_error_at_its_position():
     assert "last axis" in e.value.message and ":2:9:" in str(e.value)
 
 
+@pytest.mark.parametrize("dim", ["SPLIT", "SHIFT", "PER_SM"])
+def test_dimensions_named_like_the_host_functions_locals(dim):
+    """The host function binds a rank-3 input's dims, then SHIFT, SPLIT, PER_SM, ... for
+    itself, and passes the dims on by name: a dimension may not take one of those names
+    (it had split rows at the wrong size, or raised inside Triton)."""
+    text = f"kernel k(X: f32[B, {dim}, N]) -> Y: f32[B, {dim}, N] {{\n    Y = X - max(X)\n}}\n"
+    with pytest.raises(UnsupportedError, match=f"'{dim}' is a name the generated row reduction uses itself; "
+                                               f"rename the dimension") as e:
+        kgen.compile(text)
+    assert (e.value.span.line, e.value.span.col) == (1, 10)
+
+
 def test_reduction_over_a_missing_axis_is_an_error():
     with pytest.raises(SpecError) as e:
         kgen.compile("kernel bad(X: f32[M, N]) -> Y: f32[M, 1] {\n    Y = sum(X, axis=2)\n}")

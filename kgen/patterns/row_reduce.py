@@ -214,6 +214,9 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      "at_ends", "SHIFT", "VEC",
                      # ... and their chunks
                      "n_chunks", "whole_lo", "whole_hi", "n_ends", "end", "chunk_cols"})
+# The host function's own locals: a spec's dimensions (host locals too) may not take them.
+_HOST_LOCALS = frozenset({"n_rows", "n_cols", "BLOCK_N", "BLOCK_ROWS", "SHIFT", "SPLIT", "NUM_WARPS", "PER_SM",
+                          "kernel", "options", "device"})
 
 # A looped kernel's chunk: its lanes (columns from the row's start, shifted under SHIFT) ...
 _LANES = (
@@ -508,7 +511,7 @@ def match(kir: KernelIR):
     reductions = [n for n in nodes if n.op in REDUCTIONS]
     if not reductions:
         return elementwise.match(kir)
-    check_locals(kir, _LOCALS, "row reduction")
+    check_locals(kir, _LOCALS, "row reduction", dims=_HOST_LOCALS)
     for r in reductions:
         x = r.inputs[0]
         if r.arg != len(x.shape) - 1:
