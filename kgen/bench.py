@@ -181,12 +181,20 @@ def _random(shape, want: D.DType, gen, device) -> torch.Tensor:
     return t.to(device=device, dtype=want.torch)
 
 
-def retyped(text: str, dtype: D.DType | None) -> str:
-    """The spec with every floating dtype replaced by ``dtype`` (for --dtype)."""
+def retyped(text: str, dtype: D.DType | None, path: str = "<string>") -> str:
+    """The spec with the floating dtype of every tensor parameter and output replaced by
+    ``dtype`` (for --dtype); scalar parameters (``eps: f32``), comments and bodies keep theirs."""
     if dtype is None:
         return text
-    import re
-    return re.sub(r"\b(f16|bf16|f32)\b(?=\s*[\[)\],{=]|\s*$)", dtype.name, text, flags=re.M)
+    from .parse import parse
+    spans = [p.type.dtype.span for k in parse(text, path).kernels for p in (*k.params, *k.outputs)
+             if p.type is not None and (p.type.shape is not None or p in k.outputs)
+             and D.BY_NAME.get(p.type.dtype.id, D.I32).is_float]
+    lines = text.split("\n")
+    for span in sorted(spans, key=lambda s: (s.line, s.col), reverse=True):   # a line's later ones first
+        line = lines[span.line - 1]
+        lines[span.line - 1] = line[:span.col - 1] + dtype.name + line[span.end_col - 1:]
+    return "\n".join(lines)
 
 
 def _dtype_arg(name: str | None) -> D.DType | None:
@@ -205,9 +213,9 @@ def _single_kernel(path: Path, dtype: D.DType | None):
 def _compiled_kernels(text: str, shown: str, dtype: D.DType | None) -> list:
     """The kernels of a spec's text (as retyped by --dtype), compiled and loaded."""
     from .runtime import Kernel, Kernels, compile_text
-    compiled = compile_text(retyped(text, dtype), shown)
+    compiled = compile_text(retyped(text, dtype, shown), shown)
     if isinstance(compiled, Kernels):
-        return list(compiled.values())
+        return list(dict.values(compiled))
     if not isinstance(compiled, Kernel):
         raise KgenError(f"{shown}: run and bench need a spec with a kernel header (types and shapes)")
     return [compiled]
@@ -218,7 +226,7 @@ def _checked_kernels(text: str, shown: str, dtype: D.DType | None) -> list[Kerne
     with ``_compiled_kernels``'s errors."""
     from .parse import parse
     from .pipeline import generate
-    text = retyped(text, dtype)
+    text = retyped(text, dtype, shown)
     module = parse(text, shown)
     if not module.kernels:   # schedules alone: an error at the first one's kernel name
         generate(text, shown)

@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("path")
     r.add_argument("--shape", action="append", default=[],
                    help="sizes of symbolic dims, e.g. M=64,N=128 (once: run takes one point)")
-    r.add_argument("--dtype", default=None, help="override every floating input's dtype (f16, bf16, f32)")
+    r.add_argument("--dtype", default=None,
+                   help="the dtype (f16, bf16, f32) of every floating tensor parameter and output")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs, 0 to 2**64 - 1 (default 0)")
 
     n = sub.add_parser("bench", help="time against torch eager and torch.compile on the GPU")

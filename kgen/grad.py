@@ -41,7 +41,7 @@ def call_recorded(label: str, call: Callable[[], object], needing: list[torch.Te
     """``call()``, its outputs (a tensor, or tuples and lists of them) recorded by autograd as
     computed from ``needing``."""
     if out is not None:   # as torch refuses out= where autograd records
-        raise CallError(f"{label}: out= cannot be written where autograd records (an input requires grad, "
+        raise CallError(f"{label}: out= cannot be written where autograd records (a tensor of the call requires grad, "
                         f"and kgen kernels compute no gradient); call under torch.no_grad()")
     shape = []   # the call's result, for its structure
 

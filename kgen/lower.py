@@ -39,8 +39,9 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
     Op.SIN: ("sin({0})", CALL, (0,)),
     Op.COS: ("tl.cos({0})", CALL, (0,)),
     Op.SIGMOID: ("tl.sigmoid({0})", CALL, (0,)),
-    Op.RELU: ("relu({0})", CALL, (0,)),
-    # NaN-propagating, as torch.maximum / minimum / clamp are
+    # NaN-propagating, as torch.relu / maximum / minimum / clamp are (and, as they do on the
+    # GPU, relu(-0.0) is +0.0)
+    Op.RELU: ("tl.maximum({0}, 0, propagate_nan=tl.PropagateNan.ALL)", CALL, (0,)),
     Op.MAXIMUM: ("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
     Op.MINIMUM: ("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", CALL, (0, 0)),
     Op.WHERE: ("tl.where({0}, {1}, {2})", CALL, (0, 0, 0)),
@@ -50,18 +51,17 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
     Op.SILU: ("silu({0})", CALL, (0,)),
     Op.SOFTPLUS: ("softplus({0})", CALL, (0,)),
     Op.LEAKY_RELU: ("leaky_relu({0}, {1})", CALL, (0, 0)),
-    # {2}: computed in f64 for an f32 result (see powf)
-    Op.POW: ("powf({0}, {1}, {2})", CALL, (0, 0)),
+    Op.POW: ("powf({0}, {1})", CALL, (0, 0)),
 }
 
 # Helpers each op needs, in the order the module defines them (a helper before its users).
-HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "relu", "leaky_relu",
-           "powf", "pow_number", "pow_int",
+HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
+           "pow_number", "pow_int",
            "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
            "launch_split", "group_host")
 _NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
           Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
-          Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.RELU: ("relu",), Op.LEAKY_RELU: ("leaky_relu",),
+          Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
           Op.POW: ("exp2", "powf")}
 
 # A cast rounds to its target and, for 16-bit floats, computes on in f32.
@@ -105,8 +105,10 @@ def store_cast(computed: D.DType, stored: D.DType) -> str:
 FLOAT_OPERANDS = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TANH,
                             Op.SIGMOID, Op.GELU, Op.GELU_TANH, Op.SILU, Op.SOFTPLUS, Op.POW})
 
-# Small integer powers are products: exact, and what torch computes for them.
-_SMALL_POWERS = {2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}"}
+# Small integer powers are products (or their reciprocals): exact, and what torch computes
+# for them (x ** 1 is x; powf's exp2(log2) was 5 ulps off).
+_SMALL_POWERS = {1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}", -1: "1.0 / {0}",
+                 -2: "1.0 / ({0} * {0})"}
 # ... and so are roots: torch computes x ** 0.5 as sqrt(x), so (-inf) ** 0.5 is NaN there too.
 _ROOT_POWERS = {0.5: Op.SQRT, -0.5: Op.RSQRT}
 
@@ -128,7 +130,7 @@ def _needs(node: Node) -> tuple[str, ...]:
     if _number_power(node):
         return _NEEDS[Op.SQRT] + _NEEDS[Op.RSQRT] + _NEEDS[Op.POW] + ("pow_number",)
     if node.op is Op.POW and node.inputs[1].op is Op.CONST and node.inputs[1].arg in _SMALL_POWERS:
-        return () if node.inputs[0].op in LEAVES else ("pow_int",)
+        return () if node.inputs[0].op in LEAVES or abs(node.inputs[1].arg) == 1 else ("pow_int",)
     return _NEEDS.get(node.op, ())
 
 
@@ -206,11 +208,16 @@ class Printer:
             base, base_prec = self.expr(node.inputs[0])
             if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
                 base, _ = self._to_f32(node.inputs[0], base, base_prec)
+            n = int(node.inputs[1].arg)
             if node.inputs[0].op in LEAVES:   # x * x; a computed base (named or not) once, in pow_int
-                return _SMALL_POWERS[node.inputs[1].arg].format(base), MUL
-            return f"pow_int({base}, {int(node.inputs[1].arg)})", CALL
+                return _SMALL_POWERS[n].format(base), MUL
+            if abs(n) > 1:
+                base, base_prec = f"pow_int({base}, {abs(n)})", CALL
+            if n > 0:
+                return base, base_prec
+            return f"1.0 / {base if base_prec > MUL else f'({base})'}", MUL
         elif _number_power(node):
-            fmt, prec, slots = "pow_number({0}, {1}, {2})", CALL, (0, 0)
+            fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)
         elif node.op is Op.CLAMP:
             return self._clamp(node)
         elif node.op in TRITON_OPS:
@@ -229,8 +236,6 @@ class Printer:
             elif node.op in FLOAT_OPERANDS and not operand.dtype.is_float:
                 text, p = self._to_f32(operand, text, p)
             args.append(f"({text})" if p < need else text)
-        if node.op is Op.POW:
-            args.append(str(node.dtype is D.F32))
         return fmt.format(*args), prec
 
     @staticmethod

@@ -199,6 +199,8 @@ class Kernel:
             self._moe_tuner = Tuner(self._moe_host, moe_tuning, self.source, f"{kir.name}_moe")
 
     def __call__(self, *args, **kwargs):
+        if kwargs and kwargs.get("config", 0) is None:   # no config, as every kernel takes it (row ones too)
+            del kwargs["config"]
         return self._run(self._host, self._tuner, self.name, self._signature, args, kwargs)
 
     def _run(self, host, tuner, label: str, signature: str, args, kwargs):
@@ -524,7 +526,14 @@ class NoSuchKernel(CallError, AttributeError, KeyError):
 
 
 class Kernels(dict):
-    """The kernels of a spec file with several, by name (``ks.softmax`` or ``ks["softmax"]``)."""
+    """The kernels of a spec file with several, by name (``ks.softmax`` or ``ks["softmax"]``).
+    A kernel named like a dict method (``get``, ``values``) is what ``ks.get`` gives, so that
+    ``ks.get(x)`` runs it rather than looking ``x`` up."""
+
+    def __getattribute__(self, name):
+        if name in _DICT_METHODS and dict.__contains__(self, name):
+            return dict.__getitem__(self, name)
+        return super().__getattribute__(name)
 
     def __getattr__(self, name):
         if name.startswith("__"):   # copy, pickle and friends look for dunders that are not there
@@ -540,8 +549,11 @@ class Kernels(dict):
                         f"e.g. ks.{next(iter(self))}(...) or ks[{next(iter(self))!r}](...)")
 
     def __reduce__(self):   # the spec once, not once per kernel
-        text, path, _ = next(iter(self.values()))._origin[1]
+        text, path, _ = next(iter(dict.values(self)))._origin[1]
         return compile_text, (text, path)
+
+
+_DICT_METHODS = frozenset(name for name in dir(dict) if not name.startswith("_"))
 
 
 SPEC_LIMIT = 1 << 24     # characters of a spec file: more is no spec, and could be more than memory holds
@@ -626,7 +638,9 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     for name, value in (("path", path), ("out_dir", out_dir)):
         if not isinstance(value, (str, os.PathLike)) and not (name == "out_dir" and value is None):
             raise CallError(f"{name}: expected a str or os.PathLike path, got {type(value).__name__}")
-    out = Path(out_dir or "generated")
+        if value is not None and not os.fspath(value):   # Path("") is the working folder
+            raise CallError(f"{name}: expected a path, got an empty string")
+    out = Path("generated" if out_dir is None else out_dir)
     check_out_name(out, "out_dir")
     text, shown = read_spec(Path(path))
     generated = generate(text, shown)

@@ -41,7 +41,7 @@ def _spec(name: str, dtype: str = "f16"):
     if not path.exists():
         raise KgenError(f"{path}: no such spec (suites time the specs of a kgen checkout)")
     text, _ = read_spec(path)   # a regular file, read as kgen reads any spec
-    return compile_text(retyped(text, BY_NAME[dtype]), str(path))
+    return compile_text(retyped(text, BY_NAME[dtype], str(path)), str(path))
 
 
 def _compiled(fn):

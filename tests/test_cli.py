@@ -18,6 +18,7 @@ import torch
 import kgen
 from kgen.runtime import _UMASK
 from kgen.cli import main
+from kgen.dtypes import BY_NAME
 from kgen.pipeline import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,6 +293,36 @@ def test_kernel_time_is_the_kernels_time_per_call(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_call_time", lambda fn: 7.25)
     assert bench._kernel_time(lambda: None, 2) == 7.25
     assert "no kernel recorded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, shape", [("layernorm", "M=4,N=8"), ("rmsnorm", "M=4,N=8"),
+                                         ("matmul_leaky_relu", "M=16,K=16,N=16")])
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_run_retypes_tensors_not_scalar_parameters(project, capsys, name, shape, dtype):
+    """--dtype f16 retypes the tensors of specs/layernorm.k, not its `eps: f32` (a scalar is f32,
+    i32 or bool: `eps: f16` had been a SpecError at a line the file does not hold)."""
+    assert main(["run", str(ROOT / "specs" / f"{name}.k"), "--dtype", dtype, "--shape", shape]) == 0
+    assert f"torch.float{dtype[1:]}" in capsys.readouterr().out
+
+
+def test_retyped_changes_only_tensor_types():
+    from kgen.bench import retyped
+    text = ("# f32[N] in a comment: f32\nkernel k(x: f32[N], w: [f16[N]], eps: f32 = 1e-5, n: i32) -> (y: f32[N], "
+            "z: f32) {\n    y = x * eps + f32(n)  # f32[1]\n    z = bf16(x)\n}\n")
+    assert retyped(text, BY_NAME["bf16"]) == text.replace("x: f32[N]", "x: bf16[N]").replace(
+        "[f16[N]]", "[bf16[N]]").replace("y: f32[N]", "y: bf16[N]").replace("z: f32)", "z: bf16)")
+
+
+@pytest.mark.parametrize("name, dtype", [("softmax", "f16"), ("softmax", "f32"), ("layernorm", "f16"),
+                                         ("rmsnorm", "f16"), ("linear_gelu", "f16"), ("grouped_gemm", "bf16")])
+def test_the_suites_specs_compile_as_they_retype_them(name, dtype):
+    """`kgen bench --suite` times the specs of specs/ retyped: each compiles, its tensors in the
+    suite's dtype and its scalars as the spec declares them."""
+    from kgen import suites
+    kernel = suites._spec(name, dtype)
+    params = kernel.ir.params
+    assert {p.dtype.name for p in params if p.shape is not None} == {dtype}
+    assert all(p.dtype.name in ("f32", "i32", "bool") for p in params if p.shape is None)
 
 
 def test_bench_suites_are_the_ones_the_cli_offers():

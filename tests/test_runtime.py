@@ -3,7 +3,9 @@ was given, raised before any launch; compile() by text or path; the module cache
 from __future__ import annotations
 
 import collections
+import copy
 import os
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch
 import kgen
 from kgen.errors import CallError, KgenError, SpecError
 from kgen.reference import evaluate
+from kgen.runtime import Kernels
 
 from conftest import DEVICE
 
@@ -217,6 +220,31 @@ def test_a_file_with_several_kernels_gives_them_by_name(tmp_path):
     assert getattr(ks, "triple", None) is None and ks.get("triple") is None and not hasattr(ks, "triple")
     with pytest.raises(CallError, match=r"several kernels \(double, shift\): call one of them, e.g. ks.double"):
         ks(x)
+
+
+def test_kernels_named_like_dict_methods_are_what_their_names_give(tmp_path):
+    """A file's kernels come as a dict: one named get, values or copy is what ks.get gives
+    (ks.get(x) had been dict.get, None; ks.values(x) a TypeError), and ks["get"] too."""
+    spec = tmp_path / "methods.k"
+    spec.write_text("kernel get(x: f32[N]) -> y: f32[N] {\n    y = x * 2\n}\n"
+                    "kernel values(x: f32[N]) -> y: f32[N] {\n    y = x * 3\n}\n")
+    ks = kgen.compile(spec)
+    x = torch.randn(5, device=DEVICE)
+    torch.testing.assert_close(ks.get(x), x * 2)
+    torch.testing.assert_close(ks.values(x), x * 3)
+    torch.testing.assert_close(ks["get"](x), x * 2)
+    assert set(ks) == {"get", "values"} and ks.items is not None
+    assert isinstance(copy.deepcopy(ks), Kernels) and set(pickle.loads(pickle.dumps(ks))) == set(ks)
+
+
+@pytest.mark.parametrize("path, out_dir, name", [("", None, "path"), (ROOT / "specs" / "vector_add.k", "", "out_dir")])
+def test_build_refuses_empty_paths(tmp_path, monkeypatch, path, out_dir, name):
+    """An empty out_dir is no folder (it had meant generated/), an empty path no spec (the
+    working folder), as kgen build refuses them."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CallError, match=f"{name}: expected a path, got an empty string"):
+        kgen.build(path, out_dir)
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("path, out_dir, name, got", [(None, None, "path", "NoneType"),
@@ -781,6 +809,17 @@ def test_a_child_forked_while_a_thread_compiles_compiles_too():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_config_none_is_no_config_for_every_kernel():
+    """config=None asks for no config: row reductions, which take none, accept it too, as their
+    headerless forms did."""
+    x = torch.randn(4, 6, device=DEVICE)
+    torch.testing.assert_close(kgen.compile(ROOT / "specs" / "softmax.k")(x.half(), config=None).float(),
+                               torch.softmax(x, -1), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(kgen.compile("y = x - max(x)")(x, config=None), x - x.amax(-1, keepdim=True))
+    with pytest.raises(CallError, match="config"):
+        kgen.compile(ROOT / "specs" / "softmax.k")(x.half(), config={"BLOCK_N": 8})
+
+
 def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     """kgen kernels compute no gradient: called where autograd records, a kernel's outputs join
     the graph, and a backward pass that reaches them is a CallError naming the kernel, not an
@@ -806,6 +845,9 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     assert not two(x.detach())[0].requires_grad
     with pytest.raises(CallError, match=r"out= cannot be written where autograd records"):
         two(x, out=(torch.empty(8, 3, device=DEVICE), torch.empty(8, 3, device=DEVICE, dtype=torch.bool)))
+    with pytest.raises(CallError, match=r"records \(a tensor of the call requires grad"):   # out= itself does
+        two(x.detach(), out=(torch.empty(8, 3, device=DEVICE, requires_grad=True),
+                             torch.empty(8, 3, device=DEVICE, dtype=torch.bool)))
     mm = kgen.compile("C = A @ B")
     a, b = [torch.randn(5, 4, device=DEVICE)], [torch.randn(4, 6, device=DEVICE, requires_grad=True)]
     for got, label in ((mm(a, b)[0], "c"), (mm.moe(a[0], b[0].unsqueeze(0), offs=[5]), "c.moe")):
