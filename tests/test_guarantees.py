@@ -50,8 +50,10 @@ def assert_kernel_or_kgen_error(text: str) -> None:
     try:
         generated = outcome(text)
     except kgen.KgenError as e:
-        if e.span is not None:
-            assert re.match(r"fuzz\.k:\d+:\d+: ", str(e)), str(e)
+        # a malformed spec's error is at its place: file:line:col, the line, a caret under it
+        assert e.span is not None, str(e)
+        lines = str(e).split("\n")
+        assert re.match(r"fuzz\.k:\d+:\d+: ", lines[0]) and len(lines) >= 3 and "^" in lines[2], str(e)
         return
     assert_clean(generated.source)
 
@@ -141,7 +143,8 @@ def test_non_utf8_file(tmp_path):
 
 @pytest.mark.parametrize("name", ["os", "sys", "__import__", "exec", "eval", "def", "import", "lambda", "tl",
                                   "triton", "torch", "math", "pid", "offs", "mask", "X_ptr", "print", "None",
-                                  "True", "_private", "BLOCK_SIZE", "kernel", "out", "gelu", "powf", "grid"])
+                                  "True", "_private", "BLOCK_SIZE", "kernel", "out", "gelu", "powf", "grid",
+                                  "options", "params", "backend"])
 def test_reserved_names_are_rejected(name):
     with pytest.raises(kgen.SpecError, match=f"'{re.escape(name)}'"):
         outcome(f"kernel f(x: f32[N]) -> y: f32[N] {{\n    {name} = x * 2\n    y = {name} + 1\n}}")

@@ -811,14 +811,17 @@ def test_headerless_reductions_and_unit_rows():
         assert sm.pattern == ("elementwise" if shape[-1] == 1 else "row_reduce")
 
 
-def test_zero_sizes():
+def test_zero_sizes(watch):
+    """No rows: empty outputs and no launch."""
     kernel = spec_kernel("softmax", None, None, "f32")
-    assert kernel(torch.empty(0, 5, device=DEVICE)).shape == (0, 5)
-    assert kernel(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)
     layernorm = spec_kernel("layernorm", None, None, "f32")
+    launches = watch(kernel.module), watch(layernorm.module)
+    assert kernel(torch.empty(0, 5, device=DEVICE)).shape == (0, 5)
     Y, mu, rstd = layernorm(torch.empty(0, 5, device=DEVICE), torch.ones(5, device=DEVICE),
                             torch.zeros(5, device=DEVICE))
     assert Y.shape == (0, 5) and mu.shape == (0, 1) and rstd.shape == (0, 1)
+    assert launches[0].count == launches[1].count == 0
+    assert kernel(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
