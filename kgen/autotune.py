@@ -342,8 +342,11 @@ class Tuner:
                     shown = True
                 print(f"kgen:   {i + 1}/{len(candidates)} {_brief(config)}: "
                       f"{'failed' if ms == math.inf else f'{ms:.4f} ms'} ({elapsed:.1f} s)", file=sys.stderr)
-        if best is None:
-            raise failures[0]
+        if best is None:   # e.g. every candidate past the GPU's shared memory
+            first = failures[0]
+            why = (str(first).strip().splitlines() or [""])[0][:200]
+            raise KgenError(f"{self.name}: none of the {len(candidates)} candidate configs ran for {key} "
+                            f"({type(first).__name__}: {why})") from first
         self.tuned += 1
         if shown:
             print(f"kgen: {self.name}: chose {_brief(best)} ({best_ms:.4f} ms) of {len(candidates)} configs in "

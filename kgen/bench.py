@@ -131,8 +131,8 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
                             f"expected 1 to {MAX_GROUPS}, got {given[GROUPS]}")
         return {**{s: 64 for s in syms if s not in given}, **given}
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
-    if "square" in point:
-        return {s: point["square"] for s in syms}
+    if "square" in point:   # n x n x n matrices; a batch of 4 of them (B = n would fill no GPU's memory)
+        return {s: 4 if s in out_shape[:-2] else point["square"] for s in syms}
     if "rows" in point:
         cols = out_shape[-1] if out_shape else syms[-1]
         return {s: point["cols"] if s == cols else (point["rows"] if s == syms[0] else 1) for s in syms}
@@ -360,9 +360,11 @@ def bench(args) -> int:
             sizes = sizes_for(kernel.ir, point, sweep, known)
             if "groups" in point:
                 sizes["groups"] = point["groups"]
-            inputs = make_inputs(kernel.ir, sizes, "cuda", None)
+            shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, "cuda", None)
             ordered = [inputs[n] for n in kernel.inputs]
-            outs = _outputs_tuple(kernel(*ordered))
+            outs = _outputs_tuple(_allocating(f"make outputs of {shape_text}", kernel, *ordered))
+            _allocating(f"run the eager baseline on {shape_text}", eager, *ordered)
             flops = _flops(kernel.ir, inputs)
             moved = _bytes(inputs.values()) + _bytes(outs)
             timed = {"kgen": lambda args=ordered: kernel(*args), "eager": lambda args=ordered: eager(*args)}

@@ -305,6 +305,17 @@ def test_run_retypes_tensors_not_scalar_parameters(project, capsys, name, shape,
     assert f"torch.float{dtype[1:]}" in capsys.readouterr().out
 
 
+def test_the_gemm_sweep_keeps_a_batch_of_four():
+    """`kgen bench specs/bmm.k` sweeps n x n x n matrices in a batch of 4: B = n had asked for 51 GB
+    of inputs at n = 2048 and 3.3 TB at 8192."""
+    from kgen.bench import SWEEPS, sizes_for
+    kir = generate((ROOT / "specs" / "bmm.k").read_text(), "specs/bmm.k").kernels[0]
+    assert [sizes_for(kir, point, sweep=True) for point in SWEEPS["gemm"][-1:]] == [{"B": 4, "M": 8192, "K": 8192,
+                                                                                      "N": 8192}]
+    plain = generate((ROOT / "specs" / "matmul_leaky_relu.k").read_text(), "specs/matmul_leaky_relu.k").kernels[0]
+    assert set(sizes_for(plain, SWEEPS["gemm"][0], sweep=True).values()) == {512}
+
+
 def test_retyped_changes_only_tensor_types():
     from kgen.bench import retyped
     text = ("# f32[N] in a comment: f32\nkernel k(x: f32[N], w: [f16[N]], eps: f32 = 1e-5, n: i32) -> (y: f32[N], "

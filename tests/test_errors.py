@@ -153,6 +153,7 @@ CASES = [
     ("GEMM TMA of f32", scheduled("TMA = 1", dtype="f32"), 5, 11,
      "TMA = 1 needs 2-D 16-bit operands read as they are", SpecError),
     ("GEMM WS without TMA", scheduled("WS = 1"), 5, 10, "they need TMA = 1", SpecError),
+    ("GEMM WS tiles that hang", scheduled("TMA = 1", "WS = 1"), 6, 10, "needs num_warps = 8", SpecError),
     ("GEMM SPLIT_K with TMA", scheduled("SPLIT_K = [1, 4]", "TMA = 1"), 5, 19,
      "SPLIT_K is an option of the tiled kernel: it needs TMA = 0", SpecError),
     ("grouped GEMM TMA not a flag", scheduled("TMA = 2", kind="grouped"), 5, 11, "TMA takes 0 or 1, got 2",

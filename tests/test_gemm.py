@@ -363,7 +363,7 @@ def test_warp_specialized_and_subtiled_epilogue(m, k, n, a_t, b_t, subtile):
     takes warp_specialize and runs the loop as it is): same results, halves past N masked."""
     ws = "[0, 1]" if gemm.has_warp_specialize() else "0"    # not default candidates: a schedule asks
     text = ("kernel c(A: f16[M, K], W: f16[K, N], b: f32[N]) -> C: f16[M, N] {\n  C = gelu(A @ W + b)\n}\n"
-            f"schedule c {{\n  TMA = 1\n  WS = {ws}\n  SUBTILE = [0, 1]\n}}\n")
+            f"schedule c {{\n  TMA = 1\n  WS = {ws}\n  SUBTILE = [0, 1]\n  num_warps = [4, 8]\n}}\n")
     a, w, bias = randn(m, k, dtype=torch.float16, transposed=a_t), randn(k, n, dtype=torch.float16, transposed=b_t), \
         randn(n)
     kernel = compiled(text)
@@ -462,10 +462,20 @@ def test_schedule_flags():
     assert only.tuning.configs == () and only.split_k                # one candidate: the heuristic splits K
     assert all("SPLIT_K=2" in config for _, config in only.heuristic)
     if gemm.has_warp_specialize():
-        ws = generate(head + "schedule g {\n  TMA = 1\n  WS = [0, 1]\n  SUBTILE = 1\n}\n").plans[0]
+        ws = generate(head + "schedule g {\n  TMA = 1\n  WS = [0, 1]\n  SUBTILE = 1\n  num_warps = 8\n}\n").plans[0]
         assert [(c.get("WS", False), c.get("SUBTILE")) for c in ws.tuning.configs] == [(False, True), (True, True)]
         assert ws.ws and ws.subtile and all(c["TMA"] for c in ws.tuning.configs)
-        assert "flatten=not WARP_SPECIALIZE" in generate(head + "schedule g {\n  TMA = 1\n  WS = 1\n}\n").source
+        module = compiled(head + "schedule g {\n  TMA = 1\n  WS = 1\n  BLOCK_M = 64\n}\n")
+        assert "flatten=not WARP_SPECIALIZE" in module.source
+        # 128-row warp-specialized tiles in 4 warps never finish on an H100: not a candidate,
+        # nor a heuristic, nor a config by hand
+        mixed = generate(head + "schedule g {\n  TMA = 1\n  WS = 1\n  BLOCK_M = [64, 128]\n  BLOCK_N = [64, 128]\n}\n")
+        mixed = mixed.plans[0]
+        assert [(c["BLOCK_M"], c["BLOCK_N"]) for c in mixed.tuning.configs] == [(64, 64), (64, 128)]
+        assert all("BLOCK_M=64" in config for _, config in mixed.heuristic)
+        a = torch.randn(16, 16, device=DEVICE, dtype=torch.float16)
+        with pytest.raises(kgen.CallError, match="expected num_warps 8 for WS with a BLOCK_M of 128 or more, got 4"):
+            module(a, a, config={**tma_config(128, 32, 16, 1), "num_warps": 4, "WS": True})
 
 
 # --- generated source ------------------------------------------------------------------------
@@ -666,6 +676,18 @@ def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
     assert second.choose((args[0], bt, args[2]), {}) == CONFIGS[1]
     assert len(second_calls) == len(CONFIGS)
     assert len(json.loads(files[0].read_text())["entries"]) == 2
+
+
+def test_a_problem_no_candidate_runs_is_a_kgen_error(cache):
+    """Every candidate failing (e.g. past the GPU's shared memory) is a KgenError naming the
+    kernel and the first failure, not that failure's raw exception."""
+    kernel, args = tuned_host()
+
+    def failing(run, config):
+        raise RuntimeError(f"out of resource: shared memory, required: {config['BLOCK_M'] * 4096}")
+    with pytest.raises(kgen.KgenError, match=r"c: none of the 4 candidate configs ran for .* \(RuntimeError: out of "
+                                             r"resource: shared memory, required: 131072\)"):
+        make_tuner(kernel, failing).choose(args, {})
 
 
 def test_rows_are_tuned_once_per_power_of_two(cache):

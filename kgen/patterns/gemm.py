@@ -123,22 +123,12 @@ TMA_CANDIDATES_16 = (
     (128, 128, 128, 8, 8, 3),
     (64, 64, 128, 8, 4, 5),
 )
-# The same, warp-specialized (``"WS": True``: producer warps issue the TMA loads while the
-# others run the dots and the epilogue), last column SUBTILE: the epilogue on two
-# BLOCK_M x BLOCK_N / 2 halves (Triton tutorial 09).  Offered only where Triton's tl.range
-# takes warp_specialize.  What Triton 3.9 does with them for sm_90 (compiled without a
-# GPU): 4 warps and 64 x 128 tiles become one producer and two consumer warp groups that
-# take alternate tiles; 8 warps are left unspecialized (plain pipelining, loop not
-# flattened); 128-row tiles at 4 warps fail to compile (their split across two consumer
-# groups does not fit host-side TMA descriptors).  Measured on an H200 with Triton 3.6
-# (fp16, 4096^3 and 8192^3): these reach 296-337 TFLOP/s where the plain TMA kernel
-# reaches 670-680, so they are not default candidates; a schedule can still ask for them.
-WS_CANDIDATES_16 = (
-    (64, 128, 64, 8, 4, 3, False),
-    (64, 128, 64, 8, 4, 4, False),
-    (64, 128, 128, 8, 4, 3, False),
-    (64, 128, 64, 8, 4, 4, True),
-)
+# Warp-specialized persistent kernels (``"WS": True``: producer warps issue the TMA loads
+# while the others run the dots and the epilogue; Triton tutorial 09) are no default
+# candidates: measured on an H200 with Triton 3.6 (fp16, 4096^3 and 8192^3), 64 x 128 tiles
+# in 4 warps reached 296-337 TFLOP/s where the plain TMA kernel reaches 670-680.  A schedule
+# can ask for them, but not for 128-row tiles under 8 warps: on an H100 with Triton 3.6 those
+# compile and then never finish (Triton 3.9 without a GPU fails to compile them).
 # f32 operands (TF32 or IEEE): 4-byte elements, half the K per stage.
 CANDIDATES_32 = (
     (128, 128, 32, 8, 8, 3),
@@ -651,6 +641,12 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         for c in itertools.product(*lists):
             candidates += ([_config(c, SPLIT_K=s) for s in splits] if not variant else
                            [_config(c, TMA=True, WS=w, SUBTILE=u) for w in ws for u in subtiles])
+    hangs = [c for c in candidates if c.get("WS") and c["BLOCK_M"] >= 128 and c["num_warps"] < 8]
+    if hangs and len(hangs) == len(candidates):
+        raise SpecError("WS = 1 with a BLOCK_M of 128 or more needs num_warps = 8: in fewer warps the "
+                        "warp-specialized kernel never finishes (an H100, Triton 3.6); list BLOCK_M = 64 "
+                        "or num_warps = 8", kir.schedule_span("WS", 1))
+    candidates = [c for c in candidates if c not in hangs]
     constrained = []
     for m, mn, config in rows:
         config = tuple(_closest(v, lists[i]) for i, v in enumerate(config))
@@ -662,6 +658,9 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
             constrained[-1] = (m, mn, config)
         else:
             constrained.append((m, mn, config))
+    if fixed.get("WS"):   # the untuned config too: a tile that would hang takes the first candidate's
+        safe = tuple(candidates[0][k] for k in CONFIG_KEYS)
+        constrained = [(m, mn, safe if c[0] >= 128 and c[4] < 8 else c) for m, mn, c in constrained]
     return tuple(candidates), tuple(constrained), len(candidates) > 1, fixed
 
 
