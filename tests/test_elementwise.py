@@ -507,7 +507,7 @@ def test_functions_keep_relative_accuracy(fn):
 
 
 # the most f32 ulps (of 2**-23 relative) that exp2(y * log2|x|) is off in test_f32_powers_are_within_their_ulps:
-# 48 on Triton's interpreter (numpy's f32 log2 and exp2) and NN on an H100
+# 48 on Triton's interpreter (numpy's f32 log2 and exp2) and 51 on an H100 (2026-11-26)
 POW_ULPS = 64
 
 HALVES = torch.tensor([0.1, 2048.0, -0.1, 0.3, 2050.0, 1.0, 65504.0], dtype=torch.float16)
