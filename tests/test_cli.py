@@ -283,6 +283,9 @@ def test_gpu_kernel_time_counts_each_kernel_of_a_call_and_not_the_l2_flush():
     twice = bench._kernel_spans(lambda: (y.add_(1), x.mul_(3)), 5)
     assert len(once) == 5 and len(twice) == 10     # one and two kernels a call, no flush among them
     assert len({name for name, _ in twice}) == 2 and all(us > 0 for _, us in twice)
+    # torch's int fill, as the flush is, but of kilobytes (a split row's flags): the call's own
+    zeroed = bench._kernel_spans(lambda: torch.zeros(4096, dtype=torch.int32, device="cuda"), 5)
+    assert len(zeroed) == 5
 
 
 def test_kernel_time_is_the_kernels_time_per_call(monkeypatch, capsys):
