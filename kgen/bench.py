@@ -648,8 +648,10 @@ def _plot(rows: list[Row], path: Path) -> None:
     for offset, (label, key) in enumerate((("kgen", "kgen_rate"), ("torch eager", "eager_rate"),
                                             ("torch.compile", "compile_rate"))):
         ax.bar([i + (offset - 1) * 0.27 for i in x], [getattr(r, key) or 0 for r in rows], width=0.27, label=label)
-    ax.set_xticks(list(x), [f"{r.kernel}\n{r.point}" for r in rows], fontsize=7)
-    ax.set_ylabel(rows[0].unit if rows else "")
+    units = list(dict.fromkeys(r.unit for r in rows))   # a file's GEMMs and row kernels: both, each bar says which
+    ax.set_xticks(list(x), [f"{r.kernel}\n{r.point}" + (f"\n{r.unit}" if len(units) > 1 else "") for r in rows],
+                  fontsize=7)
+    ax.set_ylabel(" or ".join(units))
     ax.legend()
     fig.tight_layout()
     tmp = None

@@ -754,6 +754,24 @@ def _can_create_in(folder: Path) -> bool:
     return True
 
 
+def test_a_plot_of_rates_in_two_units_says_each_bars_unit(tmp_path, monkeypatch):
+    """A file of a GEMM and a row kernel times one in TFLOP/s, the other in GB/s: one axis
+    labelled with the first's unit had mislabelled the other's bars."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+    from kgen import bench
+    drawn = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), real(fig, *a, **k))[1])
+    rows = [bench.Row("mm", "M=64", "f16", 1.0, 2.0, None, "TFLOP/s", 500.0, 250.0, None),
+            bench.Row("softmax", "N=64", "f16", 1.0, 2.0, None, "GB/s", 2000.0, 1000.0, None)]
+    bench._plot(rows, tmp_path / "rates.png")
+    ax = drawn[0].axes[0]
+    assert ax.get_ylabel() == "TFLOP/s or GB/s"
+    assert [t.get_text().split("\n")[-1] for t in ax.get_xticklabels()] == ["TFLOP/s", "GB/s"]
+    assert (tmp_path / "rates.png").stat().st_size > 0
+
+
 def test_bench_plot_needs_matplotlib_before_timing(project, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib fails
     monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
