@@ -267,7 +267,7 @@ def run_once(args) -> int:
 
 def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, seed: int) -> list[str]:
     """One kernel of ``kgen run``: its outputs' errors printed; the outputs with inf/NaN mismatches returned."""
-    shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    shape_text = _shape_text(sizes)
     inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, device, None, seed)
     ordered = [inputs[n] for n in kernel.inputs]
     start = time.perf_counter()
@@ -293,6 +293,10 @@ def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, s
         ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
         print(f"  time: {ms * 1e3:.1f} us")
     return mismatched
+
+
+def _shape_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
 
 
 def _allocating(what: str, fn, *args):
@@ -360,7 +364,7 @@ def bench(args) -> int:
             sizes = sizes_for(kernel.ir, point, sweep, known)
             if "groups" in point:
                 sizes["groups"] = point["groups"]
-            shape_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            shape_text = _shape_text(sizes)
             inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, "cuda", None)
             ordered = [inputs[n] for n in kernel.inputs]
             outs = _outputs_tuple(_allocating(f"make outputs of {shape_text}", kernel, *ordered))

@@ -641,7 +641,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         for c in itertools.product(*lists):
             candidates += ([_config(c, SPLIT_K=s) for s in splits] if not variant else
                            [_config(c, TMA=True, WS=w, SUBTILE=u) for w in ws for u in subtiles])
-    hangs = [c for c in candidates if c.get("WS") and c["BLOCK_M"] >= 128 and c["num_warps"] < 8]
+    hangs = [c for c in candidates if c.get("WS") and _ws_hangs(c["BLOCK_M"], c["num_warps"])]
     if hangs and len(hangs) == len(candidates):
         raise SpecError("WS = 1 with a BLOCK_M of 128 or more needs num_warps = 8: in fewer warps the "
                         "warp-specialized kernel never finishes (an H100, Triton 3.6); list BLOCK_M = 64 "
@@ -660,8 +660,13 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
             constrained.append((m, mn, config))
     if fixed.get("WS"):   # the untuned config too: a tile that would hang takes the first candidate's
         safe = tuple(candidates[0][k] for k in CONFIG_KEYS)
-        constrained = [(m, mn, safe if c[0] >= 128 and c[4] < 8 else c) for m, mn, c in constrained]
+        constrained = [(m, mn, safe if _ws_hangs(c[0], c[4]) else c) for m, mn, c in constrained]
     return tuple(candidates), tuple(constrained), len(candidates) > 1, fixed
+
+
+def _ws_hangs(block_m: int, num_warps: int) -> bool:
+    """Warp-specialized tiles that compile and never finish (an H100, Triton 3.6)."""
+    return block_m >= 128 and num_warps < 8
 
 
 def check_schedule_values(given: dict, kir: KernelIR) -> None:
