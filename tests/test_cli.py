@@ -757,7 +757,6 @@ def _can_create_in(folder: Path) -> bool:
 def test_a_plot_of_rates_in_two_units_says_each_bars_unit(tmp_path, monkeypatch):
     """A file of a GEMM and a row kernel times one in TFLOP/s, the other in GB/s: one axis
     labelled with the first's unit had mislabelled the other's bars."""
-    pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
     from kgen import bench
     drawn = []
