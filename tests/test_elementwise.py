@@ -436,12 +436,12 @@ def test_layouts_and_broadcasting(data):
         that has dims, it is cast to their dtype where that is another (f32 to f16); one
         already of it stays exact, as kgen computes 16-bit values in f32 and rounds only what
         it stores.  A computed value is rounded from its f32 approximation (kgen's and torch's
-        alike): where the exact one lies within that approximation's error (a few f32 ulps,
-        2**-20 relative) of a midpoint between two 16-bit values, either of them is right."""
+        alike): where the exact one lies within that approximation's error (F32_ERROR)
+        of a midpoint between two 16-bit values, either of them is right."""
         dtype = torch.result_type(actual, other)
         if actual.dim() == 0 and other.dim() > 0 and dtype != actual.dtype:
             if computed and dtype.itemsize == 2:
-                return [(value * (1 + e)).to(dtype).double() for e in (-2.0**-20, 2.0**-20)]
+                return [(value * (1 + e)).to(dtype).double() for e in (-F32_ERROR, F32_ERROR)]
             return [value.to(dtype).double()]
         return [value]
     silu, product = F.silu(args[0]), F.silu(args[0]) * args[1]
