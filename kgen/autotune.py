@@ -6,8 +6,9 @@ printed in the module, so a generated module runs on its own, without kgen and
 without tuning.  kgen's runtime ``Kernel`` puts a ``Tuner`` in front of it: on the
 first call for a problem key, the tuner times each candidate config (the plan's
 ``Tuning.configs``, pruned for the problem) with ``triton.testing.do_bench`` (or, for
-plans whose configs cost the host the same, replayed from CUDA graphs: ``graph_ms``),
-keeps the fastest in memory and on disk, and passes it as ``config=``.
+plans whose configs cost the host the same, as every tuned pattern's do, replayed from
+CUDA graphs: ``graph_ms``), keeps the fastest in memory and on disk, and passes it as
+``config=``.  A call whose outputs are all empty launches nothing: it is not tuned.
 
 Why not ``@triton.autotune`` in the generated source: its cache lives in one
 process (its disk cache varies across Triton versions), it reports no progress,
@@ -302,7 +303,8 @@ class Tuner:
                     raise CallError(f"{self.name}: these shapes are tuned at their first call, which a CUDA "
                                     f"graph capture cannot hold; call the kernel once before capturing it")
                 config, ms = self._tune(args, kwargs, bound.arguments, key)
-                cache.store(key, config, ms)
+                if config is not None:
+                    cache.store(key, config, ms)
             return config
 
     def _disk(self, tensor: torch.Tensor) -> DiskCache:
@@ -316,12 +318,14 @@ class Tuner:
             self.cache = DiskCache(path, meta, self.tuning.configs)
         return self.cache
 
-    def _tune(self, args, kwargs, arguments: dict, key: str) -> tuple[dict, float]:
+    def _tune(self, args, kwargs, arguments: dict, key: str) -> tuple[dict | None, float]:
         # The heuristic run checks the arguments (a bad call fails here, as it would
         # untuned) and gives the scratch outputs that every timed run writes, so that
         # the caller's out= (which may alias an input) is written once, at the end.
         plain = {k: v for k, v in kwargs.items() if k != "out"}
         scratch = self.host(*args, **plain)
+        if not any(t.numel() for t in _tensors(scratch)):
+            return None, 0.0   # nothing is launched: the heuristic, kept for these shapes in memory only
         candidates = list(self.tuning.prune(self.tuning.configs, arguments) if self.tuning.prune
                           else self.tuning.configs)
         start = time.perf_counter()
@@ -352,6 +356,15 @@ class Tuner:
             print(f"kgen: {self.name}: chose {_brief(best)} ({best_ms:.4f} ms) of {len(candidates)} configs in "
                   f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
         return best, best_ms
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors of a host function's result: one, a tuple of them, or lists of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def _signature(value):

@@ -707,6 +707,21 @@ def test_rows_are_tuned_once_per_power_of_two(cache):
                             "A:float32:<=64x20:s1 B:float32:20x30:s1 R:float32:<=64x30:s1"]
 
 
+def test_a_call_that_launches_nothing_is_not_tuned(cache):
+    """Empty outputs (no rows, or no columns) launch nothing: no candidate is timed, nothing is
+    written to disk, and the heuristic (None) serves those shapes; a problem with K = 0 still
+    launches (its outputs are the epilogue of zeros) and is tuned."""
+    kernel, (a, b, r) = tuned_host()
+    calls = []
+    tuner = make_tuner(kernel, fake_clock({(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}, calls))
+    for args in ((randn(0, 20), b, randn(0, 30)), (a, randn(20, 0), randn(40, 0))):
+        assert tuner.choose(args, {}) is None and calls == [] and tuner.tuned == 0
+    assert not list((cache / "autotune" / "fake-gpu").rglob("*.json"))
+    no_k = (randn(40, 0), randn(0, 30), r)
+    assert tuner.choose(no_k, {}) == CONFIGS[1] and len(calls) == len(CONFIGS) and tuner.tuned == 1
+    assert_close(kernel(*no_k, config=CONFIGS[1]), torch.relu(r.double()), bound(*no_k[:2]))
+
+
 def test_a_later_candidate_must_win_by_the_margin(cache):
     """Near-equal timings keep the earlier (simpler) candidate; a clear win replaces it."""
     kernel, args = tuned_host()
@@ -956,6 +971,41 @@ def test_gpu_every_candidate_config(untuned, dtype, a_t, b_t):
         assert_close(got, want, bound(a, w), factor=1.2)
         ran.add(bool(config.get("TMA")))
     assert ran == {False, True}
+
+
+@pytest.mark.gpu
+def test_gpu_configs_are_timed_from_cuda_graphs(monkeypatch):
+    """The GEMM's and the elementwise tuners time GPU work alone: every kind of GEMM config
+    (tiled, split-K, persistent TMA) and an elementwise kernel's are captured in a CUDA graph,
+    none timed call by call."""
+    import triton.testing
+    a, w, bias = randn(304, 136, dtype=torch.float16), randn(136, 200, dtype=torch.float16), randn(200)
+    k = compiled("C = gelu(A @ W + b)")
+    ew = kgen.compile("kernel f(x: f32[M, N]) -> y: f32[M, N] {\n    y = x * sigmoid(x) + 1\n}\n"
+                      "schedule f {\n    BLOCK_SIZE = [256, 2048]\n    num_warps = [2, 8]\n}\n")
+    x = randn(1000, 300)
+    monkeypatch.setenv("KGEN_AUTOTUNE", "0")
+    k(a, w, bias), ew(x)
+    assert k._last._tuner.tuning.graphs and ew._tuner.tuning.graphs
+    module, host = k._last.module, getattr(k._last.module, k._last.name)
+    out = torch.empty(304, 200, device="cuda")   # f32: the bias is
+    kinds = set()
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **kw: pytest.fail("a config was timed call by call"))
+    for config in module.c_configs:
+        try:
+            host(a, w, bias, out=out, config=config)
+        except triton.runtime.errors.OutOfResources:
+            continue            # the autotuner skips a config that does not fit this GPU
+        assert 0 < autotune.do_bench(lambda: host(a, w, bias, out=out, config=config), True) < 10, config
+        kinds.add("TMA" if config.get("TMA") else "split-K" if config.get("SPLIT_K", 1) > 1 else "tiled")
+        assert_close(out, F.gelu(a.double() @ w.double() + bias.double()), bound(a, w), factor=1.2)
+    assert kinds == {"tiled", "split-K", "TMA"}
+    y = torch.empty_like(x)
+    ew_host = getattr(ew.module, ew.name)
+    assert len(ew._tuner.tuning.configs) == 4
+    for config in ew._tuner.tuning.configs:
+        assert 0 < autotune.do_bench(lambda: ew_host(x, out=y, config=config), True) < 10
+        torch.testing.assert_close(y, x * torch.sigmoid(x) + 1)
 
 
 @pytest.mark.gpu

@@ -151,7 +151,9 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes) + ("check_config",),
         # no flat path when every axis has size 1: there are no offsets to take
         flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,
-        blocks=blocks, tuning=Tuning(tuple({"BLOCK_SIZE": b, "num_warps": w} for b, w in candidates)))
+        # the candidates cost the host the same: timed on the GPU alone (graphs), as the GEMMs'
+        blocks=blocks, tuning=Tuning(tuple({"BLOCK_SIZE": b, "num_warps": w} for b, w in candidates),
+                                     graphs=True))
 
 
 def _operand(name, shape, out_shape, load="", store="") -> Operand:
