@@ -234,22 +234,38 @@ def _shift_rows(vec, n_cols, *tensors):
     return n_cols % 16 != 0 or any(s % 16 for s in lead[0])
 
 
+def _row_vec(n_cols, *tensors):
+    """ROW_VEC for the on-chip kernels: the largest power of two up to 16 that divides the row
+    length and every row stride of these tensors, whose columns are contiguous (1 where they
+    are not).  Triton sees multiples of 16 only; told the rest, it moves rows of 1000 or 3000
+    16-bit columns in 16-byte vectors, not an element at a time."""
+    if any(t.stride(-1) != 1 for t in tensors):
+        return 1
+    vec = 16
+    for value in (n_cols, *(s for t in tensors for s, d in zip(t.stride()[:-1], t.shape[:-1]) if d > 1)):
+        while value % vec:
+            vec //= 2
+    return vec
+
+
 @triton.jit
 def _layernorm_tile(
     row0, col, col_mask,
     X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
-    BLOCK_ROWS: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, INT64: tl.constexpr, ROW_VEC: tl.constexpr,
 ):
     # One tile on chip: rows row0 to row0 + BLOCK_ROWS - 1 (those past n_rows masked), each whole.
+    # ROW_VEC divides every row's start (the hint on the offsets), as it divides n_cols.
     row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
     row_mask = row < n_rows
     if INT64:
         row = row.to(tl.int64)
     mask = row_mask & col_mask
     # mu = mean(X, axis=-1)
-    X = tl.load(X_ptr + row * X_stride0 + col * X_stride1, mask=mask, other=0.0).to(tl.float32)
+    X = tl.load(X_ptr + tl.multiple_of(row * X_stride0 + col * X_stride1, [1, ROW_VEC]), mask=mask,
+                other=0.0).to(tl.float32)
     mu = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True) / n_cols
     # xc = X - mu
     xc = X - mu
@@ -261,7 +277,7 @@ def _layernorm_tile(
     W = tl.load(W_ptr + col * W_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     B = tl.load(B_ptr + col * B_stride0, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     Y = xc * rstd * W + B
-    tl.store(Y_ptr + row * Y_stride0 + col * Y_stride1, Y.to(tl.float16), mask=mask)
+    tl.store(Y_ptr + tl.multiple_of(row * Y_stride0 + col * Y_stride1, [1, ROW_VEC]), Y.to(tl.float16), mask=mask)
     tl.store(mu_ptr + row * mu_stride0, mu, mask=row_mask)
     tl.store(rstd_ptr + row * rstd_stride0, rstd, mask=row_mask)
 
@@ -273,13 +289,17 @@ def layernorm_kernel(
     X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
     BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
     INT64: tl.constexpr, TILE_LOOP: tl.constexpr,
+    ROW_VEC: tl.constexpr,
 ):
     # Whole rows on chip (BLOCK_N >= n_cols): one tile of BLOCK_ROWS rows per program.
     # EVEN_N: n_cols == BLOCK_N, no column mask.  TILE_LOOP: the tile in a grid-stride loop that
     # runs once (one program per tile): for rows wider than 1024 columns it ran faster on an
     # H100 than the same code straight, for narrower ones slower.
+    # ROW_VEC: a power of two that divides n_cols and every row stride (the host's _row_vec);
+    # `n_cols // ROW_VEC * ROW_VEC`, which is n_cols, shows Triton that the mask holds or fails
+    # for ROW_VEC columns at once, so that whole vectors move.
     col = tl.arange(0, BLOCK_N)[None, :]
-    col_mask = (col < n_cols) | EVEN_N
+    col_mask = (col < n_cols // ROW_VEC * ROW_VEC) | EVEN_N
     if INT64:
         col = col.to(tl.int64)
     if TILE_LOOP:
@@ -287,11 +307,11 @@ def layernorm_kernel(
                              num_stages=NUM_STAGES):
             _layernorm_tile(row0, col, col_mask, X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr, n_rows, n_cols,
                             X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0, rstd_stride0,
-                            BLOCK_ROWS, INT64)
+                            BLOCK_ROWS, INT64, ROW_VEC)
     else:
         _layernorm_tile(tl.program_id(0) * BLOCK_ROWS, col, col_mask, X_ptr, W_ptr, B_ptr, eps, Y_ptr, mu_ptr, rstd_ptr,
                         n_rows, n_cols, X_stride0, X_stride1, W_stride0, B_stride0, Y_stride0, Y_stride1, mu_stride0,
-                        rstd_stride0, BLOCK_ROWS, INT64)
+                        rstd_stride0, BLOCK_ROWS, INT64, ROW_VEC)
 
 
 @triton.jit
@@ -507,7 +527,7 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
         PER_SM = None
         options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2, TILE_LOOP=BLOCK_N > 1024,
-                       narrower=(8, 128) if NUM_WARPS == 16 else None)
+                       ROW_VEC=_row_vec(n_cols, X, Y), narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = layernorm_looped_kernel, 1

@@ -472,6 +472,45 @@ def test_shift_rows_decides_by_alignment():
     assert shift(8, 37, x.t().contiguous().t(), torch.empty_like(x)) is False   # columns not contiguous
 
 
+def test_row_vec_is_what_divides_the_rows_starts_and_length():
+    """The on-chip kernels' ROW_VEC: the largest power of two up to 16 dividing the row length
+    and every row stride of the [rows, N] operands (axes of one row count for nothing), and
+    1 where their columns are not contiguous; the hint says no more than is true."""
+    row_vec = spec_kernel("softmax").module._row_vec
+    f16 = lambda *shape: torch.empty(*shape, dtype=torch.float16)  # noqa: E731
+    assert row_vec(1000, f16(4, 1000), f16(4, 1000)) == 8
+    assert row_vec(1024, f16(4, 1024), f16(4, 1024)) == 16
+    assert row_vec(3000, f16(4, 3000), f16(4, 3000)) == 8
+    assert row_vec(1000, f16(4, 1003)[:, :1000], f16(4, 1000)) == 1     # a row stride of 1003
+    assert row_vec(1000, f16(4, 1004)[:, :1000], f16(4, 1000)) == 4     # ... of 1004
+    assert row_vec(1003, f16(1, 1003), f16(1, 1003)) == 1               # the length alone
+    assert row_vec(1000, f16(1, 1, 1000)[:, :, :1000], f16(1, 1000)) == 8   # one row: no stride to divide
+    assert row_vec(1000, f16(2, 3, 1000), f16(6, 1000)) == 8
+    assert row_vec(1000, f16(2, 3, 1000).transpose(0, 1), f16(6, 1000)) == 8    # strides 1000 and 3000
+    assert row_vec(1000, f16(1000, 4).t(), f16(4, 1000)) == 1              # columns strided
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize("n, width, vec", [(40, 40, 8), (24, 24, 8), (44, 52, 4), (40, 42, 2)])
+def test_rows_on_chip_in_whole_vectors_match_torch(name, dtype, n, width, vec, monkeypatch):
+    """Rows on chip whose length and stride are multiples of 8 or 4 but not 16 (40 and 24
+    columns, rows of 44 in a buffer of 52), which the kernels move in whole vectors, and rows
+    of 40 in a buffer of 42 (ROW_VEC 2): the result is torch's."""
+    kernel = spec_kernel(name, None, None, dtype)
+    launches = Launches(kernel.module, monkeypatch)
+    tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
+    g = torch.Generator().manual_seed(n + width)
+    x = (torch.randn(9, width, generator=g, dtype=torch.float64) * 3).to(DEVICE, tdt)[:, :n]
+    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, tdt), "B": torch.randn(n, generator=g).to(DEVICE, tdt)}
+    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    got = as_tuple(kernel(**args))
+    assert launches.kernels == [getattr(kernel.module, f"{name}_kernel")] and launches.options[0]["ROW_VEC"] == vec
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(g_, want, n, f"{name} {dtype} N={n} in {width} {o}")
+
+
 SHIFT_CASES = [("softmax", "f16", 37), ("softmax", "f32", 50), ("log_softmax", "f16", 61),
                ("layernorm", "f16", 45), ("layernorm", "f32", 29), ("rmsnorm", "f32", 23), ("rmsnorm", "f16", 40)]
 

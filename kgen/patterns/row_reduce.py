@@ -287,6 +287,11 @@ class Operand:
             terms.append("row")
         if self.col is not None:
             terms.append(f"col * {self.name}_stride{self.col}")
+        if self.rows and self.col is not None:
+            # whole rows on chip, each starting at a multiple of ROW_VEC (the hint is on the
+            # [rows, columns] offsets: on a row's start alone, Triton 3.6 failed to compile a
+            # tile of one row, whose start it had made a scalar)
+            return f"tl.multiple_of({' + '.join(terms)}, [1, ROW_VEC])"
         return " + ".join(terms)
 
     def load(self) -> str:
@@ -491,6 +496,11 @@ class RowReducePlan:
     tiling: Tiling
     pattern: str = "row_reduce"
     template: str = "row_reduce.jinja"
+
+    @property
+    def row_vec(self) -> str:
+        """The host's ROW_VEC, from the row length and the strides of the operands of [rows, N]."""
+        return f"_row_vec({', '.join(('n_cols',) + self.shifted)})"
 
     @property
     def shift_test(self) -> str:
