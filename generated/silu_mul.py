@@ -223,19 +223,16 @@ def _check_config(config, required, optional):
 
 
 @triton.jit
-def silu_mul_kernel(
+def _silu_mul_block(
+    offs, mask,
     x_ptr, gate_ptr, y_ptr,
     n_elements, size1,
     x_stride0, x_stride1,
     gate_stride0, gate_stride1,
     y_stride0, y_stride1,
-    BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, INT64: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if INT64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < n_elements
+    # One block of elements: offs, and mask (None for a block wholly inside the output).
     if CONTIGUOUS:
         x_offs = offs
         gate_offs = offs
@@ -252,6 +249,30 @@ def silu_mul_kernel(
     # y = silu(x) * gate
     y = silu(x) * gate
     tl.store(y_ptr + y_offs, y.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def silu_mul_kernel(
+    x_ptr, gate_ptr, y_ptr,
+    n_elements, size1,
+    x_stride0, x_stride1,
+    gate_stride0, gate_stride1,
+    y_stride0, y_stride1,
+    BLOCK_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr, INT64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if INT64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    # A block wholly inside the output runs without a mask: Triton proves n_elements divisible
+    # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
+    # element at a time (f16 at an odd size on an H100: 1820 GB/s, where whole vectors reach 2790).
+    if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
+        _silu_mul_block(offs, None, x_ptr, gate_ptr, y_ptr, n_elements, size1, x_stride0, x_stride1, gate_stride0,
+                        gate_stride1, y_stride0, y_stride1, CONTIGUOUS)
+    else:
+        _silu_mul_block(offs, offs < n_elements, x_ptr, gate_ptr, y_ptr, n_elements, size1, x_stride0, x_stride1,
+                        gate_stride0, gate_stride1, y_stride0, y_stride1, CONTIGUOUS)
 
 
 def silu_mul(x, gate, *, out=None, config=None):

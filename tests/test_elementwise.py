@@ -1150,3 +1150,23 @@ def test_a_folded_number_to_a_scalar_power():
         want = 0.5 + (base ** min(max(s, -2.0), 2.0)).abs() + torch.relu(a.double())
         assert_matches(k(s, a), want)
         assert_matches(k(s, a), evaluate(k._last.ir, {"s": s, "A": a})[0])
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 47, 48, 49])
+@pytest.mark.parametrize("layout", ["flat", "strided"])
+def test_whole_blocks_run_unmasked_and_the_last_one_masked(n, layout):
+    """Blocks wholly inside the output take the unmasked path, the last partial one the
+    masked path (blocks of 16 here): every element is computed once and nothing past the
+    output's end, or between a strided output's elements, is read into it or written."""
+    k = kgen.compile("y = x * sigmoid(x) + b")
+    buffer = torch.full((2 * n + 5,), float("nan"), device=DEVICE)
+    x = torch.linspace(-3, 3, n, dtype=torch.float64).to(DEVICE, torch.float32)
+    b = 0.5
+    out = buffer[:n] if layout == "flat" else buffer[1:2 * n + 1:2]
+    got = k(x, b, out=out, config={"BLOCK_SIZE": 16, "num_warps": 1})
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, x * torch.sigmoid(x) + b)
+    written = torch.zeros_like(buffer, dtype=torch.bool)
+    written[:n] = layout == "flat"
+    written[1:2 * n + 1:2] |= layout == "strided"
+    assert torch.isnan(buffer[~written]).all()

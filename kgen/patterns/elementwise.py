@@ -85,6 +85,11 @@ class ElementwisePlan:
         return tuple(", ".join(g) + "," for g in groups if g)
 
     @property
+    def block_arguments(self) -> str:
+        """What the kernel passes on to its block function: the pointers, sizes and strides."""
+        return " ".join((self.pointers,) + self.kernel_params).rstrip(",")
+
+    @property
     def pointers(self) -> str:
         return ", ".join(tuple(f"{op.name}_ptr" for op in self.inputs) + self.scalars
                          + tuple(f"{op.name}_ptr" for op in self.outputs)) + ","
