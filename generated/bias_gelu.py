@@ -261,7 +261,7 @@ def bias_gelu_kernel(
     offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     # A block wholly inside the output runs without a mask: Triton proves n_elements divisible
     # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
-    # element at a time (f16 at an odd size on an H100: 1820 GB/s, where whole vectors reach 2790).
+    # element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked blocks 2787).
     if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
         _bias_gelu_block(offs, None, x_ptr, bias_ptr, y_ptr, n_elements, size1, x_stride0, x_stride1, bias_stride0,
                          y_stride0, y_stride1, CONTIGUOUS)
