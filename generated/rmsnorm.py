@@ -228,10 +228,15 @@ def _shift_rows(vec, n_cols, *tensors):
     first = tensors[0]
     if any(t.data_ptr() % 16 or t.stride(-1) != 1 or t.shape != first.shape for t in tensors):
         return False
-    lead = [[s for s, d in zip(t.stride()[:-1], t.shape[:-1]) if d > 1] for t in tensors]
+    lead = [_row_strides(t) for t in tensors]
     if any((a - b) % vec for strides in lead[1:] for a, b in zip(strides, lead[0])):
         return False
     return n_cols % 16 != 0 or any(s % 16 for s in lead[0])
+
+
+def _row_strides(t):
+    """The strides of a tensor's leading axes that rows step along (axes of one row step along none)."""
+    return [s for s, d in zip(t.stride()[:-1], t.shape[:-1]) if d > 1]
 
 
 def _row_vec(n_cols, *tensors):
@@ -241,11 +246,11 @@ def _row_vec(n_cols, *tensors):
     16-bit columns in 16-byte vectors, not an element at a time."""
     if any(t.stride(-1) != 1 for t in tensors):
         return 1
-    vec = 16
-    for value in (n_cols, *(s for t in tensors for s, d in zip(t.stride()[:-1], t.shape[:-1]) if d > 1)):
-        while value % vec:
-            vec //= 2
-    return vec
+    bits = 16 | n_cols
+    for t in tensors:
+        for stride in _row_strides(t):
+            bits |= stride
+    return bits & -bits   # the lowest bit set in any of them
 
 
 @triton.jit

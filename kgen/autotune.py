@@ -82,7 +82,7 @@ class Tuning:
 # A later candidate replaces the best so far only when it is faster by more than this:
 # near-equal configs trade places from run to run, and the earlier candidates are the
 # simpler ones (the TMA variants come last, and their host-side descriptors cost the host
-# ~20 us a call that the GPU timer does not see unless the call is host-bound).
+# ~20 us a call that timing from CUDA graphs does not see).
 MARGIN = 0.02
 
 
@@ -290,8 +290,7 @@ class Tuner:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
             return None                  # the host function reports it
-        tensors = [t for name, v in bound.arguments.items() if name not in ("out", "config")
-                   for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
+        tensors = [t for name, v in bound.arguments.items() if name not in ("out", "config") for t in _tensors(v)]
         if not tensors or not (self.force or all(t.is_cuda for t in tensors)):
             return None                  # Triton's interpreter: nothing to time
         key = key or problem_key(bound.arguments, self.tuning.buckets)
@@ -359,7 +358,7 @@ class Tuner:
 
 
 def _tensors(value) -> list[torch.Tensor]:
-    """The tensors of a host function's result: one, a tuple of them, or lists of them."""
+    """The tensors in an argument or a host function's result: one, or lists and tuples of them."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):

@@ -496,19 +496,30 @@ def test_row_vec_is_what_divides_the_rows_starts_and_length():
 def test_rows_on_chip_in_whole_vectors_match_torch(name, dtype, n, width, vec, monkeypatch):
     """Rows on chip whose length and stride are multiples of 8 or 4 but not 16 (40 and 24
     columns, rows of 44 in a buffer of 52), which the kernels move in whole vectors, and rows
-    of 40 in a buffer of 42 (ROW_VEC 2): the result is torch's."""
+    of 40 in a buffer of 42 (ROW_VEC 2): the result is the float64 reference's."""
     kernel = spec_kernel(name, None, None, dtype)
     launches = Launches(kernel.module, monkeypatch)
     tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
     g = torch.Generator().manual_seed(n + width)
     x = (torch.randn(9, width, generator=g, dtype=torch.float64) * 3).to(DEVICE, tdt)[:, :n]
-    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, tdt), "B": torch.randn(n, generator=g).to(DEVICE, tdt)}
-    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    args = row_arguments(kernel, x, g)
     got = as_tuple(kernel(**args))
     assert launches.kernels == [getattr(kernel.module, f"{name}_kernel")] and launches.options[0]["ROW_VEC"] == vec
+    check_against_reference(kernel, got, args, n, f"{name} {dtype} N={n} in {width}")
+
+
+def row_arguments(kernel, x: torch.Tensor, g: torch.Generator) -> dict:
+    """X, and the weight and bias [N] of x's dtype that the spec reads, from ``g``."""
+    n = x.shape[-1]
+    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, x.dtype),
+            "B": torch.randn(n, generator=g).to(DEVICE, x.dtype)}
+    return {p: args[p] for p in kernel.inputs if p != "eps"}
+
+
+def check_against_reference(kernel, got, args: dict, n: int, what: str) -> None:
     defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
     for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
-        assert_matches(g_, want, n, f"{name} {dtype} N={n} in {width} {o}")
+        assert_matches(g_, want, n, f"{what} {o}")
 
 
 SHIFT_CASES = [("softmax", "f16", 37), ("softmax", "f32", 50), ("log_softmax", "f16", 61),
@@ -528,8 +539,7 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
     g = torch.Generator().manual_seed(n)
     x = (torch.randn(7, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
     x[2, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
-    args = {"X": x, "W": torch.randn(n, generator=g).to(DEVICE, tdt), "B": torch.randn(n, generator=g).to(DEVICE, tdt)}
-    args = {p: args[p] for p in kernel.inputs if p != "eps"}
+    args = row_arguments(kernel, x, g)
     outs = None
     if out == "strided":
         shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
@@ -538,9 +548,7 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
     got = as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
     assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
     assert launches.options[0]["SHIFT"] is True
-    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
-    for o, g_, want in zip(kernel.outputs, got, evaluate(kernel.ir, {**args, **defaults})):
-        assert_matches(g_, want, n, f"{name} {dtype} N={n} {o}")
+    check_against_reference(kernel, got, args, n, f"{name} {dtype} N={n}")
 
 
 @pytest.mark.parametrize("name", ["softmax", "layernorm"])
