@@ -5,6 +5,8 @@
 * Without CUDA, ``TRITON_INTERPRET=1`` is set before anything imports a generated
   module, so ``@triton.jit`` functions are built for Triton's interpreter.
 * On a GPU, ``KGEN_AUTOTUNE=0``: no test times candidate configs for real.
+* ``KGEN_TEST_SCALE=N`` multiplies every property test's example count by N, for a long
+  hunt (``examples`` below); the default keeps the suite within CI's minutes.
 * Tests marked ``gpu`` (declared in pyproject.toml) are skipped where there is no
   CUDA device: bf16 arithmetic and tensors past 2**31 elements live there.
 """
@@ -27,6 +29,14 @@ else:
     # Tests check results, not speed: kernels run their heuristic configs, and the tuner's
     # own tests drive it with fake clocks (force=True).
     os.environ["KGEN_AUTOTUNE"] = "0"
+_SCALE = int(os.environ.get("KGEN_TEST_SCALE") or 1)
+
+
+def examples(count: int) -> int:
+    """A property test's number of Hypothesis examples: ``count``, times ``KGEN_TEST_SCALE``."""
+    return count * _SCALE
+
+
 _CACHE = tempfile.mkdtemp(prefix="kgen-test-cache-")
 os.environ["KGEN_CACHE_DIR"] = _CACHE
 

@@ -15,6 +15,8 @@ from kgen.errors import SpecError
 from kgen.ir import Op, format_ir
 from kgen.parse import parse
 
+from conftest import examples
+
 DTYPES = [D.BOOL, D.I32, D.F16, D.BF16, D.F32]
 FLOATS = [D.F16, D.BF16, D.F32]
 
@@ -117,7 +119,7 @@ def test_declared_broadcasting_shapes():
     assert [o.node.shape for o in kir.outputs] == [("M", "N"), ("M", "N"), ("M", 1)]
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(st.data())
 def test_headerless_broadcast_shapes_match_torch(data):
     """Shapes drawn with size-1 axes and dropped leading axes; kgen's symbolic result,

@@ -11,7 +11,6 @@ Triton's interpreter, so sizes stay small; bf16 runs only where CUDA is.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 
@@ -27,11 +26,9 @@ import kgen
 from kgen.ir import Op, topo_order
 from kgen.reference import evaluate, evaluate_node
 
-from conftest import DEVICE
+from conftest import DEVICE, examples
 
-# KGEN_TEST_EXAMPLES=2000 for a long hunt; the default keeps the file well under a minute.
-EXAMPLES = int(os.environ.get("KGEN_TEST_EXAMPLES") or 0)
-SETTINGS = settings(deadline=None, max_examples=EXAMPLES or 200, print_blob=True,
+SETTINGS = settings(deadline=None, max_examples=examples(200), print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # (atol, rtol) by output dtype.  The kernel computes in f32 (16-bit loads widened, a
@@ -457,7 +454,7 @@ def test_layouts_and_broadcasting(data):
     assert_matches(got, evaluate(kernel.ir, dict(zip("XGB", args)))[0], slack=slack)
 
 
-@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(30), suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_block_boundaries(data):
     """Sizes around the block size: a declared schedule makes blocks small enough to cross
@@ -951,7 +948,7 @@ def test_int64_offsets_on_gpu():
 # --------------------------------------------------------------------------- bf16 (GPU only)
 
 @pytest.mark.gpu
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=examples(40))
 @given(data=st.data())
 def test_bf16_random_programs(data):
     prog = data.draw(programs(), label="program")

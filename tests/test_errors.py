@@ -13,6 +13,8 @@ from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.parse import parse
 from kgen.pipeline import generate
 
+from conftest import examples
+
 PATH = "specs/bad.k"
 
 
@@ -346,7 +348,7 @@ def mutated(draw):
     return text
 
 
-@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
 def test_mutated_specs_fail_only_with_kgen_errors(text):
     """Whatever the text, the pipeline either generates source or raises a KgenError whose

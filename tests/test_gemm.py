@@ -26,11 +26,11 @@ from kgen.patterns import gemm
 from kgen.pipeline import generate
 from kgen.reference import evaluate
 
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, examples
 
 ROOT_SPECS = Path(__file__).resolve().parent.parent / "specs"
 
-SETTINGS = settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=examples(25), suppress_health_check=[HealthCheck.too_slow])
 SIZES = st.sampled_from([1, 2, 3, 7, 13, 16, 31, 32, 33, 47, 64, 65, 97])
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 # Relative error of the stored result, per output dtype (rounding, plus an f16
@@ -187,7 +187,7 @@ def test_plain_matmul_matches_torch(m, n, k, dtype):
     assert_close(c, torch_c.double(), bound(a, b) * 2)
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=examples(10))
 @given(st.sampled_from([(0, 5, 7), (5, 0, 7), (5, 7, 0), (0, 0, 0)]), st.sampled_from(["f16", "f32"]))
 def test_empty_dims(sizes, dtype):
     m, n, k = sizes
@@ -324,7 +324,7 @@ def tma_config(bm=32, bn=32, bk=16, group=2):
             "TMA": True}
 
 
-@settings(deadline=None, max_examples=12)
+@settings(deadline=None, max_examples=examples(12))
 @given(st.sampled_from([1, 7, 33, 64, 97]), st.sampled_from([8, 40, 64]), st.sampled_from([1, 31, 64]),
        st.booleans(), st.booleans(), st.sampled_from([tma_config(), tma_config(16, 64, 32, 1)]))
 def test_persistent_tma_variant(m, k, n, a_t, b_t, config):
@@ -355,7 +355,7 @@ def test_tma_falls_back_where_it_cannot_read():
         assert_close(host(a, b, config=tma_config()), a.double() @ b.double(), bound(a, b))
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=examples(10))
 @given(st.sampled_from([1, 40, 64]), st.sampled_from([16, 40, 64]), st.sampled_from([8, 31, 64]),
        st.booleans(), st.booleans(), st.booleans())
 def test_warp_specialized_and_subtiled_epilogue(m, k, n, a_t, b_t, subtile):
@@ -382,7 +382,7 @@ def split_config(split, bm=16, bn=16, bk=16, group=2):
             "SPLIT_K": split}
 
 
-@settings(deadline=None, max_examples=15)
+@settings(deadline=None, max_examples=examples(15))
 @given(st.sampled_from([1, 17, 33]), st.sampled_from([1, 31, 64, 97]), st.sampled_from([5, 32]),
        st.sampled_from([1, 2, 3, 4, 8]), st.booleans(), st.sampled_from(["f16", "f32"]))
 def test_split_k(m, k, n, split, a_t, dtype):

@@ -17,7 +17,7 @@ from kgen.pipeline import generate
 from kgen.reference import evaluate
 from kgen.render import WIDTH, _wrap
 
-from conftest import DEVICE
+from conftest import DEVICE, examples
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-3, rtol=2e-3)}
@@ -103,7 +103,7 @@ def test_vector_add(n):
 SIZES = [1, 2, 3, 16, 17, 33, 64]
 
 
-@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(25), suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.sampled_from(SIZES), n=st.sampled_from(SIZES), transposed=st.booleans(), seed=st.integers(0, 2**16))
 def test_silu_mul(m, n, transposed, seed):
     mod = load("silu_mul")
@@ -116,7 +116,7 @@ def test_silu_mul(m, n, transposed, seed):
     close(y, F.silu(x.double()) * gate.double())
 
 
-@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(25), suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.sampled_from(SIZES), n=st.sampled_from(SIZES), seed=st.integers(0, 2**16))
 def test_bias_gelu(m, n, seed):
     mod = load("bias_gelu")
@@ -129,7 +129,7 @@ def test_bias_gelu(m, n, seed):
     close(y, F.gelu(x.float() + bias.float()))              # what torch computes in f32
 
 
-@settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(20), suppress_health_check=[HealthCheck.too_slow])
 @given(stem=st.sampled_from(ELEMENTWISE), data=st.data())
 def test_every_elementwise_module_matches_the_reference(stem, data):
     """Every elementwise module in generated/, including ones added later, against the

@@ -26,9 +26,9 @@ from kgen import autotune
 from kgen.patterns import gemm, grouped_gemm
 from kgen.reference import evaluate
 
-from conftest import DEVICE, HAS_CUDA
+from conftest import DEVICE, HAS_CUDA, examples
 
-SETTINGS = settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=examples(20), suppress_health_check=[HealthCheck.too_slow])
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 ACC_EPS = {"ieee": 2.0 ** -22, "tf32": 2.0 ** -9}
@@ -369,7 +369,7 @@ def tma_config(bm=32, bn=32, bk=16, group=2):
             "programs_per_sm": 1, "TMA": True}
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=examples(10))
 @given(st.lists(st.tuples(st.sampled_from([0, 1, 5, 33, 64]), st.sampled_from([8, 40, 64]),
                           st.sampled_from([0, 8, 24, 64])), min_size=1, max_size=5),
        st.sampled_from(["rows", "b cols", "a cols"]), st.sampled_from([tma_config(), tma_config(16, 64, 32, 1)]))
@@ -403,7 +403,7 @@ def test_tma_falls_back_where_it_cannot_read():
         assert_group_close(got, [x.double() @ y.double() for x, y in zip(a_, b_)], a_, b_)
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=examples(10))
 @given(st.lists(st.sampled_from([0, 1, 5, 33, 64]), min_size=1, max_size=6), st.sampled_from([8, 40, 64]),
        st.sampled_from([8, 24, 64]), st.booleans(), st.booleans())
 def test_tma_variant_of_the_moe_kernel(rows, k, n, a_t, w_t):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kgen
-from conftest import DEVICE
+from conftest import DEVICE, examples
 from kgen import dtypes as D
 from kgen.check import Arg
 from kgen.parse import parse
@@ -75,8 +75,8 @@ def assert_clean(source: str) -> None:
             assert node.attr == "__name__" or not node.attr.startswith("__"), node.attr
 
 
-# About 500 examples over the three fuzz tests in CI; KGEN_FUZZ_EXAMPLES=4000 for a long run.
-FUZZ = settings(max_examples=int(os.environ.get("KGEN_FUZZ_EXAMPLES", "170")), deadline=None,
+# About 500 examples over the three fuzz tests in CI; KGEN_TEST_SCALE=25 for a long run.
+FUZZ = settings(max_examples=examples(170), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -246,7 +246,7 @@ KERNEL_BODIES = {
 }
 
 
-@settings(max_examples=int(os.environ.get("KGEN_FUZZ_EXAMPLES", "170")) // 2, deadline=None,
+@settings(max_examples=examples(85), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(_derived_suffixes()), st.sampled_from(sorted(KERNEL_BODIES)),
        st.sampled_from(sorted(KERNEL_BODIES)))

@@ -28,12 +28,12 @@ from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MA
                                       SHORT_ROW, STRAIGHT_MAX_BLOCK_N)
 from kgen.reference import evaluate
 
-from conftest import DEVICE
+from conftest import DEVICE, examples
 
 # Padding lanes and the -inf / NaN data make numpy (the interpreter) warn; torch agrees.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
-SETTINGS = settings(deadline=None, max_examples=30, print_blob=True,
+SETTINGS = settings(deadline=None, max_examples=examples(30), print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
