@@ -192,8 +192,23 @@ def _config_int(value):
     return None if index is None or isinstance(value, (bool, torch.Tensor)) else index(value)
 
 
+class _Checked(dict):
+    """A config that _check_config passed, or one of the kernel's own candidates as kgen's
+    tuner hands it back at every call: not checked again, so it cannot change."""
+    __slots__ = ()
+
+    def _unchanging(self, *args, **kwargs):
+        raise TypeError("a checked config cannot change; pass a new dict")
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _unchanging
+
+    def __reduce__(self):
+        return _Checked, (dict(self),)
+
+
 def _check_config(config, required, optional):
-    """The config as a plain dict of ints and bools, checked key by key."""
+    """The config as a _Checked dict of ints and bools, checked key by key."""
+    if type(config) is _Checked:
+        return config
     if not isinstance(config, dict):
         raise ArgumentError(f"config: expected a dict of {', '.join(required)}, got {type(config).__name__}")
     for key in required:
@@ -219,7 +234,7 @@ def _check_config(config, required, optional):
         # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
         raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "
                             f"got {checked['num_warps']}")
-    return checked
+    return _Checked(checked)
 
 
 @triton.jit

@@ -237,8 +237,11 @@ class Tuner:
     """
 
     def __init__(self, host, tuning: Tuning, source: str, name: str, *, bench=None,
-                 device_name: str | None = None, force: bool = False):
+                 device_name: str | None = None, force: bool = False, checked: Callable[[dict], dict] | None = None):
         self.host, self.tuning, self.source, self.name = host, tuning, source, name
+        # the generated module's _Checked: the tuner's configs are the plan's own candidates,
+        # which its host function would pass unchanged, so they skip that check at each call
+        self.checked = checked
         self.signature = inspect.signature(host)
         self.bench = bench or (lambda run, config: do_bench(run, tuning.graphs))
         self.device_name, self.force = device_name, force
@@ -271,6 +274,8 @@ class Tuner:
         config = self.memory.get(fast, _MISSING)
         if config is _MISSING:
             config = self._choose(args, kwargs, fast if self.tuning.key is not None else None)
+            if config is not None and self.checked is not None:
+                config = self.checked(config)
             self.memory[fast] = config
             self.fresh = fast
         self.last = config

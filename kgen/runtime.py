@@ -182,7 +182,7 @@ class Kernel:
         self._tuner = None
         if tuning is not None and tuning.configs:
             from .autotune import Tuner
-            self._tuner = Tuner(self._host, tuning, self.source, kir.name)
+            self._tuner = Tuner(self._host, tuning, self.source, kir.name, checked=self.module._Checked)
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
@@ -196,7 +196,8 @@ class Kernel:
         moe_tuning = getattr(plan, "moe_tuning", None)
         if moe_tuning is not None and moe_tuning.configs:
             from .autotune import Tuner
-            self._moe_tuner = Tuner(self._moe_host, moe_tuning, self.source, f"{kir.name}_moe")
+            self._moe_tuner = Tuner(self._moe_host, moe_tuning, self.source, f"{kir.name}_moe",
+                                    checked=self.module._Checked)
 
     def __call__(self, *args, **kwargs):
         if kwargs and kwargs.get("config", 0) is None:   # no config, as every kernel takes it (row ones too)

@@ -7,8 +7,12 @@ the bound on what f32 accumulation (or TF32 rounding) can be off by.
 """
 from __future__ import annotations
 
+import ast
+import copy
 import inspect
 import json
+import pickle
+import re
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -931,6 +935,58 @@ def test_kernel_call_passes_the_tuned_config(cache, monkeypatch):
                               bench=fake_clock(times, []), device_name="fake-gpu", force=True)
     assert_close(k(a, b), torch.relu(a.double() @ b.double()), bound(a, b))
     assert seen[-1] == CONFIGS[1]
+
+
+def test_tuned_configs_skip_the_hosts_check_and_cannot_change(cache, monkeypatch):
+    """The tuner hands the host function its configs as the module's _Checked, which the host's
+    check passes as they are rather than checking them at every call; a checked config cannot
+    change, and a dict given by hand is checked at every call, changed or not."""
+    k = kgen.compile("kernel mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {\n  C = relu(A @ B)\n}\n")
+    seen = []
+    host = k._host
+    monkeypatch.setattr(k, "_host", lambda *a, **kw: seen.append(kw.get("config")) or host(*a, **kw))
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    k._tuner = autotune.Tuner(host, autotune.Tuning(CONFIGS), k.source, k.name, bench=fake_clock(times, []),
+                              device_name="fake-gpu", force=True, checked=k.module._Checked)
+    a, b = randn(20, 30), randn(30, 10)
+    k(a, b)
+    assert_close(k(a, b), torch.relu(a.double() @ b.double()), bound(a, b))
+    tuned = seen[-1]
+    assert tuned == CONFIGS[1] and type(tuned) is k.module._Checked and seen[-2] is tuned
+    assert k.module._check_config(tuned, (), ()) is tuned
+    with pytest.raises(TypeError, match="cannot change"):
+        tuned["BLOCK_M"] = 7
+    assert copy.deepcopy(tuned) == tuned and pickle.loads(pickle.dumps(tuned)) == tuned
+    by_hand = dict(CONFIGS[0])
+    assert_close(k(a, b, config=by_hand), torch.relu(a.double() @ b.double()), bound(a, b))
+    by_hand["BLOCK_M"] = 7
+    with pytest.raises(kgen.CallError, match="BLOCK_M a power of two"):
+        k(a, b, config=by_hand)
+
+
+TUNED_ELEMENTWISE = ("kernel y(x: f16[N]) -> y: f16[N] {\n  y = x * 2\n}\n"
+                     "schedule y {\n  BLOCK_SIZE = [512, 1024]\n  num_warps = [4, 8]\n}\n")
+
+
+@pytest.mark.parametrize("spec", [*sorted(p.name for p in ROOT_SPECS.glob("*.k") if "@" in p.read_text()),
+                                  TUNED_ELEMENTWISE])
+def test_every_candidate_is_what_its_hosts_check_makes_of_it(spec):
+    """Why the tuner's configs may skip the host's check: each candidate of the GEMM specs'
+    kernels (list and MoE forms) and of a tuned elementwise kernel comes out of that check as
+    it went in, keys, values and types."""
+    kernels = kgen.compile(ROOT_SPECS / spec if spec.endswith(".k") else spec)
+    for k in kernels.values() if isinstance(kernels, dict) else [kernels]:
+        assert k._tuner is not None
+        for tuner, host in ((k._tuner, k._host), (k._moe_tuner, k._moe_host)):
+            if tuner is None:   # no MoE form
+                continue
+            call = re.search(r"_check_config\(config, (\([^)]*\)),\s*(\([^)]*\))\)", inspect.getsource(host))
+            required, optional = ast.literal_eval(call[1]), ast.literal_eval(call[2])
+            assert tuner.checked is k.module._Checked and tuner.tuning.configs
+            for config in tuner.tuning.configs:
+                checked = k.module._check_config(dict(config), required, optional)
+                assert [(key, value, type(value)) for key, value in checked.items()] == \
+                    [(key, value, type(value)) for key, value in config.items()]
 
 
 # --- GPU ---------------------------------------------------------------------------------------
