@@ -199,6 +199,7 @@ def _run_named(pattern: str, name: str, device: str):
 @given(st.sampled_from(TEMPLATE_NAMES),
        st.sampled_from(["elementwise", "row_reduce", "gemm", "gemm_dim", "grouped_gemm", "grouped_dim"]))
 @example("FLATTEN", "grouped_gemm")   # a constexpr of the grouped kernels: Triton refused the clash on a GPU
+@example("ROW_VEC", "row_reduce")      # ... and one of the on-chip row kernels
 def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
     """A spec that names a value or a dimension as the generated code names one of its own
     (a local, a constexpr, a host variable) is refused, or computes what it says."""
@@ -208,6 +209,31 @@ def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
         assert f"'{name}'" in str(e)
         return
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+# a value named {name} in a spec of each pattern
+VALUE_SPECS = {
+    "elementwise": "kernel f(X: f32[N], {name}: f32) -> Y: f32[N] {{ Y = X * {name} }}",
+    "row_reduce": "kernel f({name}: f32[M, N]) -> Y: f32[M, N] {{ Y = {name} - max({name}) }}",
+    "gemm": "kernel f(A: f32[M, K], {name}: f32[K, N]) -> C: f32[M, N] {{ C = relu(A @ {name}) }}",
+    "grouped_gemm": "kernel f(A: [f32[M, K]], {name}: [f32[K, N]]) -> C: [f32[M, N]] {{ C = relu(A @ {name}) }}",
+}
+TEMPLATE_PATTERNS = {"elementwise.jinja": "elementwise", "row_reduce.jinja": "row_reduce", "gemm.jinja": "gemm",
+                     "gemm_tma.jinja": "gemm", "grouped_gemm.jinja": "grouped_gemm"}
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATE_PATTERNS))
+def test_every_constexpr_of_a_patterns_kernels_is_refused_as_a_value_name(template):
+    """Each constexpr parameter that a pattern's kernels declare (``NAME: tl.constexpr``) is
+    refused as the name of a value in a spec of that pattern, at the name, where it would
+    shadow the constexpr in the kernel's body (Hypothesis above draws among every name the
+    templates print; this takes each constexpr, for the pattern whose kernels declare it)."""
+    from kgen.render import template_dir
+    names = sorted(set(re.findall(r"\b(\w+): tl\.constexpr", (template_dir() / template).read_text())))
+    assert names
+    for name in names:
+        with pytest.raises(kgen.KgenError, match=f"'{name}'"):
+            generate(VALUE_SPECS[TEMPLATE_PATTERNS[template]].format(name=name))
 
 
 @contextmanager

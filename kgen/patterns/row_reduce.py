@@ -205,6 +205,8 @@ I32_MIN, I32_MAX = "-2147483648", "2147483647"
 # reductions' and accumulators' names avoid them.
 _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "col_mask", "n_rows", "n_cols",
                      "tl", "triton", "BLOCK_ROWS", "BLOCK_N", "NUM_STAGES", "INT64", "EVEN_N", "PER_SM",
+                     # the on-chip kernels' constexprs
+                     "TILE_LOOP", "ROW_VEC",
                      # the split kernel's
                      "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk",
                      "partials", "partials_ptr", "flags_ptr", "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN",
