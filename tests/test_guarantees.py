@@ -195,20 +195,34 @@ def _run_named(pattern: str, name: str, device: str):
     return torch.cat([g.flatten() for g in got]), torch.cat([torch.relu(a @ c).flatten() for a, c in zip(xs, bs)])
 
 
-@FUZZ
-@given(st.sampled_from(TEMPLATE_NAMES),
-       st.sampled_from(["elementwise", "row_reduce", "gemm", "gemm_dim", "grouped_gemm", "grouped_dim"]))
-@example("FLATTEN", "grouped_gemm")   # a constexpr of the grouped kernels: Triton refused the clash on a GPU
-@example("ROW_VEC", "row_reduce")      # ... and one of the on-chip row kernels
-def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
+NAMED_PATTERNS = ["elementwise", "row_reduce", "gemm", "gemm_dim", "grouped_gemm", "grouped_dim"]
+
+
+def _check_named(name: str, pattern: str) -> None:
     """A spec that names a value or a dimension as the generated code names one of its own
-    (a local, a constexpr, a host variable) is refused, or computes what it says."""
+    (a local, a constexpr, a host variable) is refused at that name, or computes what it says."""
     try:
         got, want = _run_named(pattern, name, DEVICE)
     except kgen.KgenError as e:
         assert f"'{name}'" in str(e)
         return
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@FUZZ
+@given(st.sampled_from(TEMPLATE_NAMES), st.sampled_from(NAMED_PATTERNS))
+@example("FLATTEN", "grouped_gemm")   # a constexpr of the grouped kernels: Triton refused the clash on a GPU
+@example("ROW_VEC", "row_reduce")      # ... and one of the on-chip row kernels
+def test_names_the_templates_print_never_shadow_a_spec_name(name, pattern):
+    _check_named(name, pattern)
+
+
+@pytest.mark.slow
+def test_every_name_the_templates_print_in_every_pattern():
+    """The test above for every name and pattern (about 1,750 kernels: minutes)."""
+    for name in TEMPLATE_NAMES:
+        for pattern in NAMED_PATTERNS:
+            _check_named(name, pattern)
 
 
 # a value named {name} in a spec of each pattern
