@@ -8,7 +8,9 @@ first call for a problem key, the tuner times each candidate config (the plan's
 ``Tuning.configs``, pruned for the problem) with ``triton.testing.do_bench`` (or, for
 plans whose configs cost the host the same, as every tuned pattern's do, replayed from
 CUDA graphs: ``graph_ms``), keeps the fastest in memory and on disk, and passes it as
-``config=``.  A call whose outputs are all empty launches nothing: it is not tuned.
+``config=`` (as the module's ``_Checked``, which the host's config check passes as it is: the
+candidates are the plan's own).  A call whose outputs are all empty launches nothing: it is
+not tuned.
 
 Why not ``@triton.autotune`` in the generated source: its cache lives in one
 process (its disk cache varies across Triton versions), it reports no progress,
