@@ -298,8 +298,9 @@ def layernorm_kernel(
 ):
     # Whole rows on chip (BLOCK_N >= n_cols): one tile of BLOCK_ROWS rows per program.
     # EVEN_N: n_cols == BLOCK_N, no column mask.  TILE_LOOP: the tile in a grid-stride loop that
-    # runs once (one program per tile): for rows wider than 1024 columns it ran faster on an
-    # H100 than the same code straight, for narrower ones slower.
+    # runs once (one program per tile): for rows wider than 1024 columns in whole 16-byte
+    # vectors it ran faster on an H100 than the same code straight, for narrower ones slower, and
+    # for rows loaded an element at a time up to 8192 columns much slower.
     # ROW_VEC: a power of two that divides n_cols and every row stride (the host's _row_vec);
     # `n_cols // ROW_VEC * ROW_VEC`, which is n_cols, shows Triton that the mask holds or fails
     # for ROW_VEC columns at once, so that whole vectors move.
@@ -522,21 +523,29 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     if n_rows == 0:
         return (Y, mu, rstd)
     BLOCK_N = _next_pow2(max(n_cols, 1))
+    # the rows move in vectors of ROW_VEC elements on chip (8: 16 bytes)
+    ROW_VEC = _row_vec(n_cols, X, Y)
     # rows too wide to hold and not 16-byte aligned (or not provably: a width or stride that is
     # not a multiple of 16): the looped kernels start their chunks on 16-byte boundaries
-    # (16-bit rows from 8193 columns too: on chip they would load an element at a time)
-    SHIFT = BLOCK_N > 8192 and _shift_rows(8, n_cols, X, Y)
+    # (16-bit rows from 4097 columns too, where on chip they would load an element at a time)
+    SHIFT = (BLOCK_N > 32768 or BLOCK_N > 4096 and ROW_VEC < 8) and _shift_rows(8, n_cols, X, Y)
     if BLOCK_N <= 32768 and not SHIFT:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = layernorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
+        if ROW_VEC < 8 and BLOCK_N > 2048:
+            NUM_WARPS = max(NUM_WARPS, 8)  # narrower loads: more of them in flight
         PER_SM = None
-        options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2, TILE_LOOP=BLOCK_N > 1024,
-                       ROW_VEC=_row_vec(n_cols, X, Y), narrower=(8, 128) if NUM_WARPS == 16 else None)
+        options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2,
+                       TILE_LOOP=BLOCK_N > 1024 and (ROW_VEC >= 8 or BLOCK_N > 8192),
+                       ROW_VEC=ROW_VEC, narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
         # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
         kernel, BLOCK_ROWS = layernorm_looped_kernel, 1
-        BLOCK_N, NUM_WARPS = (1024, 4) if n_cols <= 16384 else (4096, 8)
+        if n_cols <= 16384:
+            BLOCK_N, NUM_WARPS = 1024, 4
+        else:
+            BLOCK_N, NUM_WARPS = 4096, 8
         PER_SM = 8
         # at most 64 registers a thread: 32 warps fit an SM
         options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
-                                      SHORT_ROW, STRAIGHT_MAX_BLOCK_N)
+                                      SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
+                                      UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS, UNALIGNED_WIDE)
 from kgen.reference import evaluate
 
 from conftest import DEVICE, examples
@@ -277,13 +278,18 @@ def test_each_strategy_is_reachable(name, monkeypatch):
 def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     """Rows are kept on chip up to the same columns whatever their element (registers hold
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
-    16-bit rows that are not 16-byte aligned (odd N here) loop, shifted, past 8192 columns, in
-    short chunks (4 warps) up to 16384."""
-    for dtype, n, warps in ((torch.float16, 20000, 32), (torch.float16, MAX_BLOCK_N + 1, None),
-                            (torch.float16, SHIFTED_MAX_BLOCK_N - 1, 4), (torch.float16, SHIFTED_MAX_BLOCK_N + 1, None),
-                            (torch.float16, 16383, None), (torch.float16, 16384, 16), (torch.float16, 20001, None),
-                            (torch.float32, 16384, 16), (torch.float32, 20000, 32), (torch.float32, 20001, 32),
-                            (torch.float32, MAX_BLOCK_N + 1, None)):
+    16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
+    past SHIFTED_MAX_BLOCK_N columns, in short chunks (4 warps) up to SHORT_ROW; those that would
+    (N a multiple of 8) stay on chip.  Rows not in whole vectors run straight-line code, with
+    at least UNALIGNED_WARPS warps past UNALIGNED_WIDE columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N;
+    the others, and wider ones, a tile loop past STRAIGHT_MAX_BLOCK_N."""
+    f16, f32 = torch.float16, torch.float32
+    for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
+                            (f16, SHIFTED_MAX_BLOCK_N - 1, UNALIGNED_WARPS), (f16, SHIFTED_MAX_BLOCK_N + 1, None),
+                            (f16, 2 * SHIFTED_MAX_BLOCK_N + 1, None), (f16, 16383, None), (f16, 16384, 16),
+                            (f16, 20001, None), (f16, UNALIGNED_WIDE - 1, 4), (f32, 3001, UNALIGNED_WARPS),
+                            (f32, 3004, 4), (f32, 5003, UNALIGNED_WARPS), (f32, 16384, 16), (f32, 20000, 32),
+                            (f32, 20001, 32), (f32, MAX_BLOCK_N + 1, None)):
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         launches = Launches(kernel.module, monkeypatch)
         g = torch.Generator().manual_seed(n)
@@ -294,11 +300,16 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
         assert on_chip == (warps is not None), (dtype, n)
         options = launches.options[0]
         if on_chip:
-            assert (options["num_warps"], options["BLOCK_N"]) == (warps, 1 << (n - 1).bit_length())
+            block = 1 << (n - 1).bit_length()
+            assert (options["num_warps"], options["BLOCK_N"]) == (warps, block), (dtype, n)
+            whole = n % (16 // dtype.itemsize) == 0     # the rows (contiguous) move in 16-byte vectors
+            loop = block > STRAIGHT_MAX_BLOCK_N and (whole or block > UNALIGNED_STRAIGHT_MAX_BLOCK_N)
+            assert options["TILE_LOOP"] == loop, (dtype, n)
         else:   # every row here that does not stay on chip is odd: shifted
             assert options["SHIFT"], (dtype, n)
             if dtype == torch.float16 and n <= SHORT_ROW:
-                short = LANES_SHORT_BYTES // 2 if name == "layernorm" else SHORT_CHUNK_N
+                short = SHORTEST_CHUNK_N if n <= 2 * SHIFTED_MAX_BLOCK_N else SHORT_CHUNK_N
+                short = LANES_SHORT_BYTES // 2 if name == "layernorm" else short
                 assert (options["BLOCK_N"], options["num_warps"]) == (short, 4), n
         defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
         for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):

@@ -24,7 +24,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   occupancy-sized grid is what the looped kernel uses).  Rows up to
   ``STRAIGHT_MAX_BLOCK_N`` columns run straight-line code; wider ones keep the tile
   in a grid-stride loop (``TILE_LOOP``), which runs once on a GPU and ran 1-5%
-  faster there than straight-line code (slower on the narrow rows); the tile's code
+  faster there than straight-line code (slower on the narrow rows), but for rows that
+  do not move in whole 16-byte vectors (``ROW_VEC``), which it slowed by up to 2.2x
+  up to ``UNALIGNED_STRAIGHT_MAX_BLOCK_N`` columns; the tile's code
   is one function, ``_<name>_tile``, that both call.  Each operand is loaded under
   the first statement that reads it, so a weight or bias used after the reductions
   is not held in registers through them (layernorm at N = 8192: 2700 -> 3350 GB/s),
@@ -131,21 +133,33 @@ from .host import Host, check_locals, host
 # 2670 -> 3710, against the looped or split kernels; N = 20000: 1.05-1.68x; shifted rows of
 # 32001, which the looped kernel moves in whole vectors: 0.98x to 1.13x); wider rows loop (or split)
 MAX_BLOCK_N = 32768
-# ... but 16-bit rows that Triton cannot prove 16-byte aligned load an element at a time on
-# chip: past SHIFTED_MAX_BLOCK_N columns, where the host can shift them, they loop, shifted,
-# in whole vectors (on an H200, f16 softmax at N = 20001, 30522 and 32001: 1420-1800 GB/s on
-# chip, 2225-2425 looped; layernorm 970-1210 and 1645-1710; from 8193 to 16383 columns the four
-# specs gained 8-140%, e.g. log-softmax at 8193 1070 -> 2290; from 4097 to 7999 they ranged
-# from -13% (log-softmax at 7999) to +36% (rmsnorm at 4097), so those stay on chip)
-SHIFTED_MAX_BLOCK_N = 8192
+# ... but rows whose length or strides are not a multiple of a 16-byte vector (ROW_VEC, below)
+# load an element at a time on chip: 16-bit ones past SHIFTED_MAX_BLOCK_N columns, where the host
+# can shift them, loop, shifted, in whole vectors (on an H200, f16 softmax at N = 20001, 30522 and
+# 32001: 1420-1800 GB/s on chip, 2225-2425 looped; layernorm 970-1210 and 1645-1710; from 8193 to
+# 16383 columns the four specs gained 8-140%, e.g. log-softmax at 8193 1070 -> 2290; on an H100,
+# from 5003 to 8191 columns, against the on-chip kernel with 8 warps and no tile loop: layernorm
+# 1060-1410 -> 1500-1630, softmax 1400-1630 -> 1780-1860 to 6001, 1830-2070 -> 1830-1930 above)
+SHIFTED_MAX_BLOCK_N = 4096
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
 STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the tile loop's num_stages, on chip
 # rows up to so many columns run straight-line code on chip, wider ones a tile loop that runs once
 # (on an H100, f16 at M = 4096, straight against the loop: softmax at N = 256 and 1024 1.03x,
-# layernorm and rmsnorm at 1024 1.02-1.06x; from 4096 to 16384 columns 0.95-1.01x)
+# layernorm and rmsnorm at 1024 1.02-1.06x; from 4096 to 16384 columns 0.95-1.01x) where the rows
+# move in whole 16-byte vectors; rows loaded an element at a time run straight up to
+# UNALIGNED_STRAIGHT_MAX_BLOCK_N columns (on an H100, f32 from 2047 to 8191 columns against the
+# loop: layernorm 890-1410 -> 1950-2450 GB/s, rmsnorm 1330-1990 -> 2210-2480, softmax 1870-2490
+# -> 2380-2880), and loop past it as the others do (f32 from 12001 to 30001: layernorm 1610-1830
+# GB/s looped, 1060-1380 straight; rmsnorm 2-8% faster looped; softmax 10-20% slower) ...
 STRAIGHT_MAX_BLOCK_N = 1024
+UNALIGNED_STRAIGHT_MAX_BLOCK_N = 8192
+# ... and, wider than so many columns, with at least UNALIGNED_WARPS warps, more loads in flight
+# (on an H100 from 5003 to 8191 columns, against 4: softmax f16 1080-1440 -> 1400-2070 GB/s,
+# f32 1940-2720 -> 2440-2880, layernorm f32 1820-2380 -> 2010-2490)
+UNALIGNED_WIDE = 2048
+UNALIGNED_WARPS = 8
 # 16 warps on chip leave 64 registers a thread to two programs an SM (a program alone waits on
 # each reduction with nothing to overlap); where the compiled kernel takes more, it runs with
 # NARROWER warps capped at so many registers, two programs an SM again (on an H200, f16 at 10240
@@ -169,6 +183,9 @@ NARROW_CHUNK_N = 4096
 # 8; layernorm 1710-1870 with 1024 and 4 warps, 1520-1780 with 2048, 1080-1480 with 4096 and 8)
 SHORT_ROW = 16384
 SHORT_CHUNK_N = 2048
+# ... and those up to SHIFTED_MAX_BLOCK_N * 2 columns chunks of SHORTEST_CHUNK_N with 4 warps (on an
+# H100, f16 softmax from 5003 to 8191 columns: 1780-1930 GB/s, 1580-1860 with 2048 columns)
+SHORTEST_CHUNK_N = 1024
 LANES_SHORT_BYTES = 2048
 # looped registers per thread, at most: 32 warps resident per SM whatever ptxas would take
 # (shifted rows' edge code took 98-128; f16 softmax at N = 50257: 2220 -> 2390 GB/s, rmsnorm
@@ -444,11 +461,13 @@ class Tiling:
     rows: str               # BLOCK_ROWS, rows on chip
     looped_rows: str        # BLOCK_ROWS, looped
     stages: str             # host expression of NUM_STAGES, on chip (the tile loop's)
-    straight: int           # widest BLOCK_N whose on-chip tile runs straight-line code
+    straight: int           # widest BLOCK_N whose on-chip tile runs straight-line code, in whole vectors ...
+    unaligned_straight: int     # ... and not
+    unaligned_warps: str    # host expression of NUM_WARPS for rows not in whole vectors, or "" (warps fixed)
     looped_stages: int
     warps: str
     narrower: str           # host expression of launch_rows's narrower for the on-chip kernel, or ""
-    looped_block: str       # host expression of (BLOCK_N, num_warps), looped
+    looped_block: tuple[str, ...]   # host lines that set BLOCK_N and NUM_WARPS, looped
     looped_per_sm: int
     maxnreg: int
     split_warps: str        # host expression of SPLIT
@@ -465,8 +484,8 @@ class Tiling:
     def shift_note(self) -> tuple[str, ...]:
         """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
         if self.shift_from < self.max_block:
-            return (f"(16-bit rows from {self.shift_from + 1} columns too: on chip they would load an element "
-                    "at a time)",)
+            return (f"(16-bit rows from {self.shift_from + 1} columns too, where on chip they would load an "
+                    "element at a time)",)
         return ()
 
 
@@ -503,6 +522,29 @@ class RowReducePlan:
     def row_vec(self) -> str:
         """The host's ROW_VEC, from the row length and the strides of the operands of [rows, N]."""
         return f"_row_vec({', '.join(('n_cols',) + self.shifted)})"
+
+    @property
+    def shift_when(self) -> str:
+        """The host's widths to shift rows at: too wide to hold, or past ``shift_from`` columns where
+        they would not move in whole vectors on chip."""
+        wide = f"BLOCK_N > {self.tiling.max_block}"
+        if self.tiling.shift_from < self.tiling.max_block:
+            return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec})"
+        return wide
+
+    @property
+    def tile_loop(self) -> str:
+        """The host's TILE_LOOP, on chip."""
+        t = self.tiling
+        return f"BLOCK_N > {t.straight} and (ROW_VEC >= {self.vec} or BLOCK_N > {t.unaligned_straight})"
+
+    @property
+    def unaligned(self) -> tuple[str, ...]:
+        """Host lines after NUM_WARPS on chip, for rows not in whole vectors."""
+        if not self.tiling.unaligned_warps:
+            return ()
+        return (f"if ROW_VEC < {self.vec} and BLOCK_N > {UNALIGNED_WIDE}:",
+                f"    NUM_WARPS = {self.tiling.unaligned_warps}  # narrower loads: more of them in flight")
 
     @property
     def shift_test(self) -> str:
@@ -1143,31 +1185,41 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
-        stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N, looped_stages=looped_stages,
+        stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N,
+        unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N, looped_stages=looped_stages,
+        unaligned_warps="" if warps is not None else f"max(NUM_WARPS, {UNALIGNED_WARPS})",
         warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes),
         looped_per_sm=LOOPED_PER_SM, maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
 
 
-def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR, lanes: bool) -> str:
-    """(BLOCK_N, num_warps) of the looped kernel: narrower chunks on rows under WIDE_ROW,
-    unless the schedule fixes the chunk or the warps."""
+def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR,
+                  lanes: bool) -> tuple[str, ...]:
+    """The host lines that set BLOCK_N and NUM_WARPS of the looped kernel: narrower chunks on
+    rows under WIDE_ROW, unless the schedule fixes the chunk or the warps."""
     if block is not None or warps is not None:
-        return f"{chunk}, {warps or LOOPED_WARPS}"
+        return (f"BLOCK_N, NUM_WARPS = {chunk}, {warps or LOOPED_WARPS}",)
     def thirty_two_bytes(n: int) -> tuple[int, int]:
         return n, max(4, min(16, n * _row_bytes(kir) // (32 * 32)))
     if lanes:
         wide = (min(chunk, LANES_CHUNK_N), LANES_WARPS)
         narrow = (min(chunk, LANES_NARROW_BYTES // _row_bytes(kir)), LANES_WARPS)
         short = (min(chunk, LANES_SHORT_BYTES // _row_bytes(kir)), 4)
+        shortest = short
     else:
         wide = (chunk, LOOPED_WARPS)
         narrow = thirty_two_bytes(min(NARROW_CHUNK_N, chunk))
         short = thirty_two_bytes(min(SHORT_CHUNK_N, chunk))
+        shortest = (min(SHORTEST_CHUNK_N, chunk), 4)
     # (tests, narrowest first; a tier that takes the next one's block is left out)
     tiers = [(f"n_cols < {WIDE_ROW}", narrow)] if narrow != wide else []
-    if _row_bytes(kir) < 4 and short != narrow:   # only shifted 16-bit rows loop at SHORT_ROW columns or fewer
-        tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
-    if not tiers:
-        return f"{wide[0]}, {wide[1]}"
-    return " else ".join(f"{block} if {test}" for test, block in tiers) + f" else {wide}"
+    if _row_bytes(kir) < 4:   # only shifted 16-bit rows loop at SHORT_ROW columns or fewer
+        if short != narrow:
+            tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
+        if shortest != short:
+            tiers.insert(0, (f"n_cols <= {2 * SHIFTED_MAX_BLOCK_N}", shortest))
+    lines = []
+    for test, (n, w) in tiers:
+        lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
+    setting = f"BLOCK_N, NUM_WARPS = {wide[0]}, {wide[1]}"
+    return (*lines, "else:", f"    {setting}") if lines else (setting,)
