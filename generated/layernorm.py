@@ -533,8 +533,8 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = layernorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
         NUM_WARPS = next(w for n, w in ((256, 8), (1024, 2), (8192, 4), (16384, 16), (32768, 32)) if BLOCK_N <= n)
-        if ROW_VEC < 8 and BLOCK_N > 2048:
-            NUM_WARPS = max(NUM_WARPS, 8)  # narrower loads: more of them in flight
+        if ROW_VEC < 8 and BLOCK_N > 512:
+            NUM_WARPS = max(NUM_WARPS, 4 if BLOCK_N <= 2048 else 8)  # narrower loads: more of them in flight
         PER_SM = None
         options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2,
                        TILE_LOOP=BLOCK_N > 1024 and (ROW_VEC >= 8 or BLOCK_N > 8192),

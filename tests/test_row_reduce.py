@@ -26,7 +26,8 @@ import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
-                                      UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS, UNALIGNED_WIDE)
+                                      UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
+                                      UNALIGNED_WIDE)
 from kgen.reference import evaluate
 
 from conftest import DEVICE, examples
@@ -281,14 +282,16 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
     past SHIFTED_MAX_BLOCK_N columns, in short chunks (4 warps) up to SHORT_ROW; those that would
     (N a multiple of 8) stay on chip.  Rows not in whole vectors run straight-line code, with
-    at least UNALIGNED_WARPS warps past UNALIGNED_WIDE columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N;
+    at least UNALIGNED_WARPS warps past UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N;
     the others, and wider ones, a tile loop past STRAIGHT_MAX_BLOCK_N."""
     f16, f32 = torch.float16, torch.float32
     for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
-                            (f16, SHIFTED_MAX_BLOCK_N - 1, UNALIGNED_WARPS), (f16, SHIFTED_MAX_BLOCK_N + 1, None),
+                            (f16, SHIFTED_MAX_BLOCK_N - 1, UNALIGNED_WARPS[1]), (f16, SHIFTED_MAX_BLOCK_N + 1, None),
                             (f16, 2 * SHIFTED_MAX_BLOCK_N + 1, None), (f16, 16383, None), (f16, 16384, 16),
-                            (f16, 20001, None), (f16, UNALIGNED_WIDE - 1, 4), (f32, 3001, UNALIGNED_WARPS),
-                            (f32, 3004, 4), (f32, 5003, UNALIGNED_WARPS), (f32, 16384, 16), (f32, 20000, 32),
+                            (f16, 20001, None), (f16, UNALIGNED_WIDE - 1, UNALIGNED_WARPS[0]), (f16, 1000, 2),
+                            (f16, UNALIGNED_FROM + 1, UNALIGNED_WARPS[0]), (f16, UNALIGNED_FROM - 1, 2),
+                            (f32, 3001, UNALIGNED_WARPS[1]), (f32, 3004, 4), (f32, 5003, UNALIGNED_WARPS[1]),
+                            (f32, 1001, UNALIGNED_WARPS[0]), (f32, 16384, 16), (f32, 20000, 32),
                             (f32, 20001, 32), (f32, MAX_BLOCK_N + 1, None)):
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         launches = Launches(kernel.module, monkeypatch)

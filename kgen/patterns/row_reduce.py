@@ -155,11 +155,14 @@ STAGES = "1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2"  # the tile loop's nu
 # GB/s looped, 1060-1380 straight; rmsnorm 2-8% faster looped; softmax 10-20% slower) ...
 STRAIGHT_MAX_BLOCK_N = 1024
 UNALIGNED_STRAIGHT_MAX_BLOCK_N = 8192
-# ... and, wider than so many columns, with at least UNALIGNED_WARPS warps, more loads in flight
-# (on an H100 from 5003 to 8191 columns, against 4: softmax f16 1080-1440 -> 1400-2070 GB/s,
-# f32 1940-2720 -> 2440-2880, layernorm f32 1820-2380 -> 2010-2490)
+# ... and, wider than UNALIGNED_FROM columns, with at least UNALIGNED_WARPS[0] warps, or [1] past
+# UNALIGNED_WIDE, more loads in flight (on an H100, at 1001 columns 4 warps against 2: +0-10%
+# but f32 log-softmax -1%; at 2047 8 against 4 lost up to 5%; from 5003 to 8191 columns 8
+# against 4: softmax f16 1080-1440 -> 1400-2070 GB/s, f32 1940-2720 -> 2440-2880, layernorm f32
+# 1820-2380 -> 2010-2490; at 3001 +2-12%, but layernorm 2-5% slower)
+UNALIGNED_FROM = 512
 UNALIGNED_WIDE = 2048
-UNALIGNED_WARPS = 8
+UNALIGNED_WARPS = (4, 8)
 # 16 warps on chip leave 64 registers a thread to two programs an SM (a program alone waits on
 # each reduction with nothing to overlap); where the compiled kernel takes more, it runs with
 # NARROWER warps capped at so many registers, two programs an SM again (on an H200, f16 at 10240
@@ -543,7 +546,7 @@ class RowReducePlan:
         """Host lines after NUM_WARPS on chip, for rows not in whole vectors."""
         if not self.tiling.unaligned_warps:
             return ()
-        return (f"if ROW_VEC < {self.vec} and BLOCK_N > {UNALIGNED_WIDE}:",
+        return (f"if ROW_VEC < {self.vec} and BLOCK_N > {UNALIGNED_FROM}:",
                 f"    NUM_WARPS = {self.tiling.unaligned_warps}  # narrower loads: more of them in flight")
 
     @property
@@ -1187,7 +1190,8 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N,
         unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N, looped_stages=looped_stages,
-        unaligned_warps="" if warps is not None else f"max(NUM_WARPS, {UNALIGNED_WARPS})",
+        unaligned_warps="" if warps is not None else
+        f"max(NUM_WARPS, {UNALIGNED_WARPS[0]} if BLOCK_N <= {UNALIGNED_WIDE} else {UNALIGNED_WARPS[1]})",
         warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes),
         looped_per_sm=LOOPED_PER_SM, maxnreg=LOOPED_MAXNREG,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
