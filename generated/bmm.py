@@ -232,6 +232,12 @@ def _check_config(config, required, optional):
     return _Checked(checked)
 
 
+def _vec(n):
+    """The largest power of two up to 16 that divides n (16 for 0)."""
+    n |= 16
+    return n & -n
+
+
 @triton.jit
 def bmm_kernel(
     A_ptr, W_ptr, scale_ptr, R_ptr, C_ptr, partials_ptr,
@@ -243,10 +249,35 @@ def bmm_kernel(
     C_stride0, C_stride1, C_stride2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, INT64: tl.constexpr, SPLIT_K: tl.constexpr,
+    N_VEC: tl.constexpr, K_VEC: tl.constexpr,
+    A_VEC0: tl.constexpr, A_VEC1: tl.constexpr, A_VEC2: tl.constexpr,
+    W_VEC0: tl.constexpr, W_VEC1: tl.constexpr, W_VEC2: tl.constexpr,
+    scale_VEC0: tl.constexpr, scale_VEC1: tl.constexpr,
+    R_VEC0: tl.constexpr, R_VEC1: tl.constexpr, R_VEC2: tl.constexpr,
+    C_VEC0: tl.constexpr, C_VEC1: tl.constexpr, C_VEC2: tl.constexpr,
 ):
     # A[B, M, K] @ W[B, K, N] -> C[B, M, N], one BLOCK_M x BLOCK_N tile per program
     # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
     # pid_k + SPLIT_K, ... of K into partials, bmm_split_k_kernel adds them up)
+    # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
+    # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
+    # 1000 16-bit elements in 16-byte vectors, not an element at a time
+    N = N // N_VEC * N_VEC
+    K = K // K_VEC * K_VEC
+    A_stride0 = A_stride0 // A_VEC0 * A_VEC0
+    A_stride1 = A_stride1 // A_VEC1 * A_VEC1
+    A_stride2 = A_stride2 // A_VEC2 * A_VEC2
+    W_stride0 = W_stride0 // W_VEC0 * W_VEC0
+    W_stride1 = W_stride1 // W_VEC1 * W_VEC1
+    W_stride2 = W_stride2 // W_VEC2 * W_VEC2
+    scale_stride0 = scale_stride0 // scale_VEC0 * scale_VEC0
+    scale_stride1 = scale_stride1 // scale_VEC1 * scale_VEC1
+    R_stride0 = R_stride0 // R_VEC0 * R_VEC0
+    R_stride1 = R_stride1 // R_VEC1 * R_VEC1
+    R_stride2 = R_stride2 // R_VEC2 * R_VEC2
+    C_stride0 = C_stride0 // C_VEC0 * C_VEC0
+    C_stride1 = C_stride1 // C_VEC1 * C_VEC1
+    C_stride2 = C_stride2 // C_VEC2 * C_VEC2
     pid = tl.program_id(0)
     pid_k = tl.program_id(1) if SPLIT_K > 1 else 0
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -427,7 +458,14 @@ def bmm(A, W, scale, R, *, out=None, config=None):
         scale.stride(0), scale.stride(1),
         R.stride(0), R.stride(1), R.stride(2),
         C.stride(0), C.stride(1), C.stride(2),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k, **config,
+        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k,
+        N_VEC=_vec(N), K_VEC=_vec(K),
+        A_VEC0=_vec(A.stride(0)), A_VEC1=_vec(A.stride(1)), A_VEC2=_vec(A.stride(2)),
+        W_VEC0=_vec(W.stride(0)), W_VEC1=_vec(W.stride(1)), W_VEC2=_vec(W.stride(2)),
+        scale_VEC0=_vec(scale.stride(0)), scale_VEC1=_vec(scale.stride(1)),
+        R_VEC0=_vec(R.stride(0)), R_VEC1=_vec(R.stride(1)), R_VEC2=_vec(R.stride(2)),
+        C_VEC0=_vec(C.stride(0)), C_VEC1=_vec(C.stride(1)), C_VEC2=_vec(C.stride(2)),
+        **config,
     )
     if split_k > 1:
         grid = (_cdiv(M, config["BLOCK_M"]), _cdiv(N, config["BLOCK_N"]), B)

@@ -237,6 +237,12 @@ def _check_config(config, required, optional):
     return _Checked(checked)
 
 
+def _vec(n):
+    """The largest power of two up to 16 that divides n (16 for 0)."""
+    n |= 16
+    return n & -n
+
+
 _DEVICES = {}
 
 
@@ -286,10 +292,27 @@ def linear_gelu_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, INT64: tl.constexpr, SPLIT_K: tl.constexpr,
+    N_VEC: tl.constexpr, K_VEC: tl.constexpr,
+    X_VEC0: tl.constexpr, X_VEC1: tl.constexpr,
+    W_VEC0: tl.constexpr, W_VEC1: tl.constexpr,
+    b_VEC0: tl.constexpr,
+    Y_VEC0: tl.constexpr, Y_VEC1: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N], one BLOCK_M x BLOCK_N tile per program
     # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
     # pid_k + SPLIT_K, ... of K into partials, linear_gelu_split_k_kernel adds them up)
+    # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
+    # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
+    # 1000 16-bit elements in 16-byte vectors, not an element at a time
+    N = N // N_VEC * N_VEC
+    K = K // K_VEC * K_VEC
+    X_stride0 = X_stride0 // X_VEC0 * X_VEC0
+    X_stride1 = X_stride1 // X_VEC1 * X_VEC1
+    W_stride0 = W_stride0 // W_VEC0 * W_VEC0
+    W_stride1 = W_stride1 // W_VEC1 * W_VEC1
+    b_stride0 = b_stride0 // b_VEC0 * b_VEC0
+    Y_stride0 = Y_stride0 // Y_VEC0 * Y_VEC0
+    Y_stride1 = Y_stride1 // Y_VEC1 * Y_VEC1
     pid = tl.program_id(0)
     pid_k = tl.program_id(1) if SPLIT_K > 1 else 0
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -533,7 +556,13 @@ def linear_gelu(X, W, b, *, out=None, config=None):
         W.stride(0), W.stride(1),
         b.stride(0),
         Y.stride(0), Y.stride(1),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k, **config,
+        EVEN_K=K % config["BLOCK_K"] == 0, INT64=int64, SPLIT_K=split_k,
+        N_VEC=_vec(N), K_VEC=_vec(K),
+        X_VEC0=_vec(X.stride(0)), X_VEC1=_vec(X.stride(1)),
+        W_VEC0=_vec(W.stride(0)), W_VEC1=_vec(W.stride(1)),
+        b_VEC0=_vec(b.stride(0)),
+        Y_VEC0=_vec(Y.stride(0)), Y_VEC1=_vec(Y.stride(1)),
+        **config,
     )
     if split_k > 1:
         grid = (_cdiv(M, config["BLOCK_M"]), _cdiv(N, config["BLOCK_N"]))

@@ -57,7 +57,7 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 # Helpers each op needs, in the order the module defines them (a helper before its users).
 HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
            "pow_number", "pow_int",
-           "max_combine", "min_combine", "check_config", "bf16_dot", "num_sms", "tma_host", "launch_rows",
+           "max_combine", "min_combine", "check_config", "bf16_dot", "vec", "num_sms", "tma_host", "launch_rows",
            "launch_split", "group_host")
 _NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
           Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),

@@ -210,6 +210,27 @@ def test_sliced_operands_need_no_copy():
     check("C = A @ B", a, b)
 
 
+@pytest.mark.parametrize("m, k, n, b_t", [(40, 1000, 1000, False), (40, 1000, 1000, True), (33, 24, 40, False),
+                                          (33, 52, 30, True), (16, 64, 48, False)])
+def test_the_tiled_kernel_is_told_what_divides_sizes_and_strides(m, k, n, b_t, watch):
+    """N, K and every stride reach the tiled kernel with the largest power of two up to 16 that
+    divides them (N_VEC, A_VEC0, ...), which it writes back into them: Triton sees multiples of 16
+    only, and rows of 1000 16-bit elements would move an element at a time.  Each hint must
+    divide its value exactly, or the kernel would compute with another one."""
+    kernel = compiled("kernel mm(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] { C = A @ B }")
+    launches = watch(kernel.module)
+    a, b = randn(m, k, dtype=torch.float16), randn(k, n, dtype=torch.float16, transposed=b_t)
+    got = kernel(a, b)
+    values = {"N_VEC": n, "K_VEC": k, "A_VEC0": a.stride(0), "A_VEC1": a.stride(1), "B_VEC0": b.stride(0),
+              "B_VEC1": b.stride(1), "C_VEC0": got.stride(0), "C_VEC1": got.stride(1)}
+    hints = {key: value for key, value in launches.kwargs[0].items() if key.endswith(("_VEC", "_VEC0", "_VEC1"))}
+    assert hints.keys() == values.keys()
+    for key, vec in hints.items():
+        largest = next(v for v in (16, 8, 4, 2, 1) if values[key] % v == 0)
+        assert vec == largest, (key, values[key], vec)
+    assert_close(got, a.double() @ b.double(), bound(a, b))
+
+
 def test_several_outputs_and_named_intermediates():
     a, b = randn(31, 40, dtype=torch.float16), randn(40, 33, dtype=torch.float16)
     k = kgen.compile("kernel two(A: f16[M, K], B: f16[K, N]) -> (P: f32[M, N], Q: f16[M, N]) {\n"

@@ -173,7 +173,8 @@ KERNEL_LOCALS = frozenset({
     "M", "N", "K", "k", "pid_b", "num_pid_m", "num_pid_n", "num_pid_in_group", "group_id", "first_pid_m",
     "group_size_m", "pid_m", "pid_n", "offs_m", "offs_n", "offs_k", "offs_am", "offs_bn", "config", "EVEN_K",
     "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms", "pid_k", "SPLIT_K",
-    "split_k", "partials", "int64", "persistent", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "acc_lo", "acc_hi", "half"})
+    "split_k", "partials", "int64", "persistent", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "acc_lo", "acc_hi", "half",
+    "N_VEC", "K_VEC"})
 # The host function's own locals: a spec's dimensions (host locals too) may not take them.
 HOST_LOCALS = frozenset({"config", "persistent", "A_T", "B_T", "num_sms", "num_tiles", "split_k", "partials"})
 
@@ -218,6 +219,7 @@ class GemmPlan:
     tma: bool                     # the module has the Hopper variant (persistent, TMA loads)
     ws: bool                      # ... with WARP_SPECIALIZE
     subtile: bool                 # ... with EPILOGUE_SUBTILE
+    hints: tuple[tuple[str, str, str], ...]  # the tiled kernel's (size or stride, its VEC, host value)
     tma_pointers: tuple[str, ...] # its arguments: descriptors, then the epilogue's
     tma_launch: tuple[str, ...]
     epilogue_pointers: tuple[str, ...]  # what the epilogue reads and writes: scalars, tensors, outputs
@@ -230,6 +232,29 @@ class GemmPlan:
     tuning: Tuning
     pattern: str = "gemm"
     template: str = "gemm.jinja"
+
+    def _hint_groups(self) -> list[list[tuple[str, str, str]]]:
+        """The hints in lines: N and K, then one line per tensor (as the strides are printed)."""
+        groups = [list(self.hints[:2])]
+        for hint in self.hints[2:]:
+            if groups[-1][-1][0].partition("_stride")[0] != hint[0].partition("_stride")[0]:
+                groups.append([])
+            groups[-1].append(hint)
+        return groups
+
+    @property
+    def hint_params(self) -> tuple[str, ...]:
+        """The tiled kernel's constexprs that say what divides N, K and each stride."""
+        return tuple(" ".join(f"{vec}: tl.constexpr," for _, vec, _ in g) for g in self._hint_groups())
+
+    @property
+    def hint_lines(self) -> tuple[str, ...]:
+        """... written back into the values they divide (exactly: the host's _vec divides them)."""
+        return tuple(f"{value} = {value} // {vec} * {vec}" for value, vec, _ in self.hints)
+
+    @property
+    def hint_launch(self) -> tuple[str, ...]:
+        return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in g) for g in self._hint_groups())
 
     @property
     def tma_flags(self) -> str:
@@ -281,6 +306,10 @@ def match(kir: KernelIR) -> GemmPlan | None:
     sizes = (str(mm.shape[-2]), str(mm.shape[-1]), str(lhs.shape[-1]))
     launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
         ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
+    # What divides N, K and each stride, told to the tiled kernel (Triton sees multiples of 16 only)
+    hints = (("N", "N_VEC", sizes[1]), ("K", "K_VEC", sizes[2])) + tuple(
+        (f"{t}_stride{ax}", f"{t}_VEC{ax}", f"{t}.stride({ax})") for t in tensors + outputs for ax in sorted(strides[t]))
+    _check_derived(kir, [vec for _, vec, _ in hints[2:]])
     # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
     tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
     # The persistent kernel and split-K's second kernel take what the epilogue reads and writes.
@@ -309,13 +338,14 @@ def match(kir: KernelIR) -> GemmPlan | None:
         + (("partials_ptr",) if split_k else ()),
         strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
         int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
-        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(bf16_check(low))
+        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(bf16_check(low)) + ("vec",)
         + (("num_sms", "tma_host") if tma else ()),
         sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
         heuristic=tuple((_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows),
-        split_k=split_k, tma=tma, ws=ws, subtile=subtile, tma_pointers=tuple(descriptors) + epilogue_pointers,
+        split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints,
+        tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
         operands=(a_name, b_name), interpreter=config_text(_config(INTERPRETER_CONFIG)),
