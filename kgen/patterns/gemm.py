@@ -308,7 +308,8 @@ def match(kir: KernelIR) -> GemmPlan | None:
         ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
     # What divides N, K and each stride, told to the tiled kernel (Triton sees multiples of 16 only)
     hints = (("N", "N_VEC", sizes[1]), ("K", "K_VEC", sizes[2])) + tuple(
-        (f"{t}_stride{ax}", f"{t}_VEC{ax}", f"{t}.stride({ax})") for t in tensors + outputs for ax in sorted(strides[t]))
+        (f"{t}_stride{ax}", f"{t}_VEC{ax}", f"{t}.stride({ax})")
+        for t in tensors + outputs for ax in sorted(strides[t]))
     _check_derived(kir, [vec for _, vec, _ in hints[2:]])
     # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
     tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
