@@ -219,7 +219,8 @@ class GemmPlan:
     tma: bool                     # the module has the Hopper variant (persistent, TMA loads)
     ws: bool                      # ... with WARP_SPECIALIZE
     subtile: bool                 # ... with EPILOGUE_SUBTILE
-    hints: tuple[tuple[str, str, str], ...]  # the tiled kernel's (size or stride, its VEC, host value)
+    # the tiled kernel's (size or stride, its VEC, host value), grouped: N and K, then a tensor's strides
+    hints: tuple[tuple[tuple[str, str, str], ...], ...]
     tma_pointers: tuple[str, ...] # its arguments: descriptors, then the epilogue's
     tma_launch: tuple[str, ...]
     epilogue_pointers: tuple[str, ...]  # what the epilogue reads and writes: scalars, tensors, outputs
@@ -233,28 +234,19 @@ class GemmPlan:
     pattern: str = "gemm"
     template: str = "gemm.jinja"
 
-    def _hint_groups(self) -> list[list[tuple[str, str, str]]]:
-        """The hints in lines: N and K, then one line per tensor (as the strides are printed)."""
-        groups = [list(self.hints[:2])]
-        for hint in self.hints[2:]:
-            if groups[-1][-1][0].partition("_stride")[0] != hint[0].partition("_stride")[0]:
-                groups.append([])
-            groups[-1].append(hint)
-        return groups
-
     @property
     def hint_params(self) -> tuple[str, ...]:
-        """The tiled kernel's constexprs that say what divides N, K and each stride."""
-        return tuple(" ".join(f"{vec}: tl.constexpr," for _, vec, _ in g) for g in self._hint_groups())
+        """The tiled kernel's constexprs that say what divides N, K and each stride, a line a group."""
+        return tuple(" ".join(f"{vec}: tl.constexpr," for _, vec, _ in group) for group in self.hints)
 
     @property
     def hint_lines(self) -> tuple[str, ...]:
         """... written back into the values they divide (exactly: the host's _vec divides them)."""
-        return tuple(f"{value} = {value} // {vec} * {vec}" for value, vec, _ in self.hints)
+        return tuple(f"{value} = {value} // {vec} * {vec}" for group in self.hints for value, vec, _ in group)
 
     @property
     def hint_launch(self) -> tuple[str, ...]:
-        return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in g) for g in self._hint_groups())
+        return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in group) for group in self.hints)
 
     @property
     def tma_flags(self) -> str:
@@ -307,10 +299,10 @@ def match(kir: KernelIR) -> GemmPlan | None:
     launch = (", ".join(tensors + scalars + outputs), ", ".join(sizes)) + tuple(
         ", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in tensors + outputs if strides[t])
     # What divides N, K and each stride, told to the tiled kernel (Triton sees multiples of 16 only)
-    hints = (("N", "N_VEC", sizes[1]), ("K", "K_VEC", sizes[2])) + tuple(
-        (f"{t}_stride{ax}", f"{t}_VEC{ax}", f"{t}.stride({ax})")
-        for t in tensors + outputs for ax in sorted(strides[t]))
-    _check_derived(kir, [vec for _, vec, _ in hints[2:]])
+    hints = (((("N", "N_VEC", sizes[1]), ("K", "K_VEC", sizes[2])),) + tuple(
+        tuple((f"{t}_stride{ax}", f"{t}_VEC{ax}", f"{t}.stride({ax})") for ax in sorted(strides[t]))
+        for t in tensors + outputs if strides[t]))
+    _check_derived(kir, [vec for group in hints[1:] for _, vec, _ in group])
     # The Hopper variant reads A and B through TMA descriptors; the epilogue is the same.
     tma = (not batched and lhs is a_input and rhs is b_input and not same and lhs.dtype.bits == 16)
     # The persistent kernel and split-K's second kernel take what the epilogue reads and writes.
