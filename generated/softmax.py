@@ -174,6 +174,12 @@ def max_combine(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
+def _vec(n):
+    """The largest power of two up to 16 that divides n (16 for 0)."""
+    n |= 16
+    return n & -n
+
+
 _DEVICES = {}
 
 
@@ -245,11 +251,11 @@ def _row_vec(n_cols, *tensors):
     16-bit columns in 16-byte vectors, not an element at a time."""
     if any(t.stride(-1) != 1 for t in tensors):
         return 1
-    bits = 16 | n_cols
+    bits = n_cols
     for t in tensors:
         for stride in _row_strides(t):
             bits |= stride
-    return bits & -bits   # the lowest bit set in any of them
+    return _vec(bits)   # the lowest bit set in any of them, or 16
 
 
 @triton.jit

@@ -246,6 +246,7 @@ class GemmPlan:
 
     @property
     def hint_launch(self) -> tuple[str, ...]:
+        """... and what the host passes for them, a line a group."""
         return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in group) for group in self.hints)
 
     @property

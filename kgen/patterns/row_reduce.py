@@ -735,7 +735,7 @@ class _Planner:
             helpers.append("max_combine")
         if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
             helpers.append("min_combine")
-        helpers += ["num_sms", "launch_rows"] + (["launch_split"] if split else [])
+        helpers += ["vec", "num_sms", "launch_rows"] + (["launch_split"] if split else [])
         return RowReducePlan(
             name=kir.name, host=host(kir), helpers=tuple(helpers),
             pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
