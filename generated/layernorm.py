@@ -552,9 +552,13 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
             BLOCK_N, NUM_WARPS = 1024, 4
         else:
             BLOCK_N, NUM_WARPS = 4096, 8
-        PER_SM = 8
-        # at most 64 registers a thread: 32 warps fit an SM
-        options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
+        if n_cols <= 32768:
+            # shifted, though narrow enough to hold: a program a row, all of it in flight
+            PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
+        else:
+            PER_SM = 8
+            # at most 64 registers a thread: 32 warps fit an SM
+            options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, B, eps, Y, mu, rstd,
         n_rows, n_cols,

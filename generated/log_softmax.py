@@ -509,9 +509,13 @@ def log_softmax(X, *, out=None):
             BLOCK_N, NUM_WARPS = 4096, 8
         else:
             BLOCK_N, NUM_WARPS = 8192, 16
-        PER_SM = 8
-        # at most 64 registers a thread: 32 warps fit an SM
-        options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
+        if n_cols <= 32768:
+            # shifted, though narrow enough to hold: a program a row, all of it in flight
+            PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
+        else:
+            PER_SM = 8
+            # at most 64 registers a thread: 32 warps fit an SM
+            options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, Y,
         n_rows, n_cols,

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
-from kgen.patterns.row_reduce import (LANES_SHORT_BYTES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
+from kgen.patterns.row_reduce import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
+                                      LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
                                       UNALIGNED_WIDE)
@@ -116,11 +117,13 @@ class Launches:
     def __init__(self, module, monkeypatch):
         self.kernels = []
         self.options = []
+        self.per_sm = []    # launch_rows's programs per SM (None: one per tile of rows)
         real = module.launch_rows
 
         def spy(kernel, n_tiles, per_sm, device, args, **options):
             self.kernels.append(kernel)
             self.options.append(options)
+            self.per_sm.append(per_sm)
             return real(kernel, n_tiles, per_sm, device, args, **options)
         monkeypatch.setattr(module, "launch_rows", spy)
         if hasattr(module, "launch_split"):
@@ -280,8 +283,9 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     """Rows are kept on chip up to the same columns whatever their element (registers hold
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
-    past SHIFTED_MAX_BLOCK_N columns, in short chunks (4 warps) up to SHORT_ROW; those that would
-    (N a multiple of 8) stay on chip.  Rows not in whole vectors run straight-line code, with
+    past SHIFTED_MAX_BLOCK_N columns, in short chunks (4 warps) up to SHORT_ROW, a program a row with
+    no pipeline and no register cap up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM capped at
+    LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay on chip.  Rows not in whole vectors run straight-line code, with
     at least UNALIGNED_WARPS warps past UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N;
     the others, and wider ones, a tile loop past STRAIGHT_MAX_BLOCK_N."""
     f16, f32 = torch.float16, torch.float32
@@ -314,6 +318,10 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
                 short = SHORTEST_CHUNK_N if n <= 2 * SHIFTED_MAX_BLOCK_N else SHORT_CHUNK_N
                 short = LANES_SHORT_BYTES // 2 if name == "layernorm" else short
                 assert (options["BLOCK_N"], options["num_warps"]) == (short, 4), n
+            held = dtype == torch.float16 and n <= MAX_BLOCK_N
+            launch = launches.per_sm[0], options["NUM_STAGES"], options.get("maxnreg")
+            assert launch == ((None, HELD_SHIFTED_STAGES, None) if held else
+                              (LOOPED_PER_SM, LOOPED_STAGES, LOOPED_MAXNREG)), (dtype, n, launch)
         defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
         for got, expected in zip(outputs, evaluate(kernel.ir, {**args, **defaults})):
             assert_matches(got, expected, n, f"{name} {dtype} N={n}")

@@ -71,7 +71,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   code (98-128 a thread, one 16-warp program per SM): with masks at the ends only,
   ``NARROW_CHUNK_N`` on rows under ``WIDE_ROW`` and ``LOOPED_MAXNREG``, f16 softmax at
   N = 50257 went from 1360 to 2380 GB/s on an H200 (eager 2070), layernorm f16 from
-  1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.
+  1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.  ``LOOPED_PER_SM`` programs an SM
+  walk the rows, but for rows that loop only because they are shifted (16-bit, up to
+  ``MAX_BLOCK_N`` columns): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES).
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 32768
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
@@ -211,6 +213,12 @@ LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # and 2 stages 1635)
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
+# ... but shifted rows that would fit on chip (16-bit rows of SHIFTED_MAX_BLOCK_N + 1 to MAX_BLOCK_N
+# columns) run a program a row, with no pipeline and no register cap (on an H100, f16 from 4097 to
+# 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax +2-21%, log-softmax
+# -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001 columns moved by -11% to
+# +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
+HELD_SHIFTED_STAGES = 1
 # split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
 # programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
 # where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
@@ -467,12 +475,10 @@ class Tiling:
     straight: int           # widest BLOCK_N whose on-chip tile runs straight-line code, in whole vectors ...
     unaligned_straight: int     # ... and not
     unaligned_warps: str    # host expression of NUM_WARPS for rows not in whole vectors, or "" (warps fixed)
-    looped_stages: int
     warps: str
     narrower: str           # host expression of launch_rows's narrower for the on-chip kernel, or ""
-    looped_block: tuple[str, ...]   # host lines that set BLOCK_N and NUM_WARPS, looped
-    looped_per_sm: int
-    maxnreg: int
+    looped_block: tuple[str, ...]   # host lines that set BLOCK_N and NUM_WARPS, looped ...
+    looped_launch: tuple[str, ...]  # ... and PER_SM and the launch options
     split_warps: str        # host expression of SPLIT
     split_warps_per_sm: int
 
@@ -736,6 +742,7 @@ class _Planner:
         if any(r.op is Op.MIN and r.dtype.is_float for r in self.reductions):
             helpers.append("min_combine")
         helpers += ["vec", "num_sms", "launch_rows"] + (["launch_split"] if split else [])
+        vec = 16 // min([dtypes[o.name].bytes for o in operands if o.start], default=16)
         return RowReducePlan(
             name=kir.name, host=host(kir), helpers=tuple(helpers),
             pointers=tuple(f"{o.name}_ptr" for o in inputs) + tuple(scalars) + tuple(f"{o.name}_ptr" for o in outputs),
@@ -762,11 +769,11 @@ class _Planner:
             looped_tile_loads=tuple(o.load() for o in row_loaded),
             row_starts=_row_starts([o for o in operands if o.start]),
             shifted=tuple(o.name for o in operands if o.start),
-            vec=16 // min([dtypes[o.name].bytes for o in operands if o.start], default=16),
+            vec=vec,
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
             split=split,
-            tiling=_tiling(kir, lanes=any(s.counted for s in sweeps)),
+            tiling=_tiling(kir, vec, lanes=any(s.counted for s in sweeps)),
         )
 
     def operand(self, name: str, shape: Shape, cast: str, other: str) -> Operand:
@@ -1133,9 +1140,9 @@ def _row_bytes(kir: KernelIR) -> int:
     return max((dtype.bytes for dtype in along), default=4)
 
 
-def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
-    """The tiles and warps of each kernel; ``lanes``: a looped sweep keeps Welford lanes
-    (see _Planner.centered)."""
+def _tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
+    """The tiles and warps of each kernel; ``vec``: the elements of a 16-byte vector of the
+    shifted rows; ``lanes``: a looped sweep keeps Welford lanes (see _Planner.centered)."""
     values: dict[str, int] = {}
     for key, candidates in kir.schedule.items():
         if key not in SCHEDULE_KEYS:
@@ -1183,18 +1190,33 @@ def _tiling(kir: KernelIR, lanes: bool) -> Tiling:
             and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
+    shift_from = min(widest, SHIFTED_MAX_BLOCK_N) if _row_bytes(kir) < 4 else widest
     return Tiling(
-        max_block=widest, shift_from=min(widest, SHIFTED_MAX_BLOCK_N) if _row_bytes(kir) < 4 else widest,
+        max_block=widest, shift_from=shift_from,
         chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
         stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N,
-        unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N, looped_stages=looped_stages,
+        unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N,
         unaligned_warps="" if warps is not None else
         f"max(NUM_WARPS, {UNALIGNED_WARPS[0]} if BLOCK_N <= {UNALIGNED_WIDE} else {UNALIGNED_WARPS[1]})",
         warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes),
-        looped_per_sm=LOOPED_PER_SM, maxnreg=LOOPED_MAXNREG,
+        looped_launch=_looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None),
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
+
+
+def _looped_launch(stages: int, vec: int, held: int | None) -> tuple[str, ...]:
+    """The host lines that set PER_SM and the looped kernel's options (SHIFT, VEC and the
+    stages); ``held``: the widest row on chip, where shifted rows up to it launch a program a row."""
+    persistent = (f"PER_SM = {LOOPED_PER_SM}",
+                  f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
+                  f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
+    if held is None:
+        return persistent
+    return (f"if n_cols <= {held}:",
+            "    # shifted, though narrow enough to hold: a program a row, all of it in flight",
+            f"    PER_SM, options = None, dict(NUM_STAGES={HELD_SHIFTED_STAGES}, SHIFT=SHIFT, VEC={vec})",
+            "else:", *(f"    {line}" for line in persistent))
 
 
 def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR,
