@@ -285,9 +285,10 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
     past SHIFTED_MAX_BLOCK_N columns, in short chunks (4 warps) up to SHORT_ROW, a program a row with
     no pipeline and no register cap up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM capped at
-    LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay on chip.  Rows not in whole vectors run straight-line code, with
-    at least UNALIGNED_WARPS warps past UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N;
-    the others, and wider ones, a tile loop past STRAIGHT_MAX_BLOCK_N."""
+    LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay on chip.
+    Rows not in whole vectors run straight-line code, with at least UNALIGNED_WARPS warps past
+    UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N; the others, and wider ones, a
+    tile loop past STRAIGHT_MAX_BLOCK_N."""
     f16, f32 = torch.float16, torch.float32
     for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
                             (f16, SHIFTED_MAX_BLOCK_N - 1, UNALIGNED_WARPS[1]), (f16, SHIFTED_MAX_BLOCK_N + 1, None),
