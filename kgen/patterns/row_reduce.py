@@ -143,6 +143,12 @@ MAX_BLOCK_N = 32768
 # from 5003 to 8191 columns, against the on-chip kernel with 8 warps and no tile loop: layernorm
 # 1060-1410 -> 1500-1630, softmax 1400-1630 -> 1780-1860 to 6001, 1830-2070 -> 1830-1930 above)
 SHIFTED_MAX_BLOCK_N = 4096
+# ... and f32 ones past it where the block on chip would be SHIFTED_F32_FILL full at most (on an
+# H100, GPU time from graphs, the looped kernel a program a row against the on-chip one: at 4097
+# columns layernorm 1860 -> 2340 GB/s, rmsnorm 2420 -> 2630, softmax 2270 -> 2520; at 5003, 12001
+# and 20001 rmsnorm 2340 -> 2690, 2130 -> 2320, 1890 -> 2120, layernorm 2080 -> 2370, 1790 -> 1960,
+# 1510 -> 1920; at 8191, a full block, softmax 2860 on chip and 2310 looped)
+SHIFTED_F32_FILL = (3, 4)
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -466,7 +472,8 @@ class Tiling:
     """Host expressions that choose the kernel and its tile per call."""
 
     max_block: int          # widest BLOCK_N kept on chip ...
-    shift_from: int         # ... and widest where the rows could be shifted (they loop, shifted, past it)
+    shift_from: int         # ... and widest where the rows could be shifted (they loop, shifted, past it) ...
+    shift_fill: tuple[int, int] | None  # ... where the block on chip would be so full at most (None: however full)
     chunk: int              # BLOCK_N of the looped kernel
     split_chunk: int        # ... and of the split one (no pipeline: CHUNK_N whatever the operands)
     rows: str               # BLOCK_ROWS, rows on chip
@@ -492,9 +499,13 @@ class Tiling:
     @property
     def shift_note(self) -> tuple[str, ...]:
         """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
-        if self.shift_from < self.max_block:
+        if self.shift_from < self.max_block and self.shift_fill is None:
             return (f"(16-bit rows from {self.shift_from + 1} columns too, where on chip they would load an "
                     "element at a time)",)
+        if self.shift_from < self.max_block:
+            part, whole = self.shift_fill
+            return (f"(rows from {self.shift_from + 1} columns too, where on chip they would load an element at a "
+                    "time", f"in a block at most {part}/{whole} full)")
         return ()
 
 
@@ -538,8 +549,20 @@ class RowReducePlan:
         they would not move in whole vectors on chip."""
         wide = f"BLOCK_N > {self.tiling.max_block}"
         if self.tiling.shift_from < self.tiling.max_block:
-            return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec})"
+            fill = ""
+            if self.tiling.shift_fill:
+                part, whole = self.tiling.shift_fill
+                fill = f" and {whole} * n_cols <= {part} * BLOCK_N"
+            return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec}{fill})"
         return wide
+
+    @property
+    def shift(self) -> tuple[str, ...]:
+        """The host's SHIFT: on one line where it fits, on two where the block's fill makes it long."""
+        line = f"SHIFT = {self.shift_when} and {self.shift_test}"
+        if len(line) <= 116:   # indented by 4
+            return (line,)
+        return (f"SHIFT = {self.shift_when}", f"SHIFT = SHIFT and {self.shift_test}")
 
     @property
     def tile_loop(self) -> str:
@@ -1190,9 +1213,9 @@ def _tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
             and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
-    shift_from = min(widest, SHIFTED_MAX_BLOCK_N) if _row_bytes(kir) < 4 else widest
+    shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
     return Tiling(
-        max_block=widest, shift_from=shift_from,
+        max_block=widest, shift_from=shift_from, shift_fill=None if _row_bytes(kir) < 4 else SHIFTED_F32_FILL,
         chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
@@ -1239,11 +1262,13 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
         shortest = (min(SHORTEST_CHUNK_N, chunk), 4)
     # (tests, narrowest first; a tier that takes the next one's block is left out)
     tiers = [(f"n_cols < {WIDE_ROW}", narrow)] if narrow != wide else []
-    if _row_bytes(kir) < 4:   # only shifted 16-bit rows loop at SHORT_ROW columns or fewer
+    if _row_bytes(kir) < 4:   # shifted 16-bit rows loop from SHIFTED_MAX_BLOCK_N columns, whatever their width
         if short != narrow:
             tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
         if shortest != short:
             tiers.insert(0, (f"n_cols <= {2 * SHIFTED_MAX_BLOCK_N}", shortest))
+    elif short != narrow:     # ... f32 ones at some widths only: short chunks up to twice it
+        tiers.insert(0, (f"n_cols <= {2 * SHIFTED_MAX_BLOCK_N}", short))
     lines = []
     for test, (n, w) in tiers:
         lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
