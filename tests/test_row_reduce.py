@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_reduce import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
-                                      SHIFTED_F32_FILL,
+                                      SHIFTED_F32_FILL, SHIFTED_F32_FILL_LANES,
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
@@ -285,23 +285,27 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
     past SHIFTED_MAX_BLOCK_N columns (f32 ones where the block would be SHIFTED_F32_FILL full at
-    most), in short chunks up to SHORT_ROW, a program a row with no pipeline and no register cap
-    up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM capped at LOOPED_MAXNREG registers walk
-    the rows); those that would (N a multiple of 8) stay on chip.
+    most, SHIFTED_F32_FILL_LANES for layernorm), in short chunks up to SHORT_ROW, a program a row
+    with no pipeline and no register cap up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM
+    capped at LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay
+    on chip.
     Rows not in whole vectors run straight-line code, with at least UNALIGNED_WARPS warps past
     UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N; the others, and wider ones, a
     tile loop past STRAIGHT_MAX_BLOCK_N."""
     f16, f32 = torch.float16, torch.float32
-    fill = 2 * SHIFTED_MAX_BLOCK_N * SHIFTED_F32_FILL[0] // SHIFTED_F32_FILL[1]   # columns, of a block of 8192
+    part, whole = SHIFTED_F32_FILL_LANES if name == "layernorm" else SHIFTED_F32_FILL
+    fill = 2 * SHIFTED_MAX_BLOCK_N * part // whole   # the widest row that fills a block of 8192 so far
+    fill -= 1 - fill % 2                             # ... that is odd (not in whole vectors)
     for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
                             (f16, SHIFTED_MAX_BLOCK_N - 1, UNALIGNED_WARPS[1]), (f16, SHIFTED_MAX_BLOCK_N + 1, None),
                             (f16, 2 * SHIFTED_MAX_BLOCK_N + 1, None), (f16, 16383, None), (f16, 16384, 16),
                             (f16, 20001, None), (f16, UNALIGNED_WIDE - 1, UNALIGNED_WARPS[0]), (f16, 1000, 2),
                             (f16, UNALIGNED_FROM + 1, UNALIGNED_WARPS[0]), (f16, UNALIGNED_FROM - 1, 2),
-                            (f32, 3001, UNALIGNED_WARPS[1]), (f32, 3004, 4), (f32, 5003, None), (f32, fill - 1, None),
-                            (f32, fill + 1, UNALIGNED_WARPS[1]), (f32, 8191, UNALIGNED_WARPS[1]),
+                            (f32, 3001, UNALIGNED_WARPS[1]), (f32, 3004, 4), (f32, 5003, None), (f32, fill, None),
+                            (f32, fill + 2, UNALIGNED_WARPS[1]), (f32, 8191, UNALIGNED_WARPS[1]),
                             (f32, 1001, UNALIGNED_WARPS[0]), (f32, 16384, 16), (f32, 20000, 32),
-                            (f32, 20001, None), (f32, 30001, 32), (f32, MAX_BLOCK_N + 1, None)):
+                            (f32, 20001, None), (f32, 24001, 32 if name == "softmax" else None),
+                            (f32, 30001, 32), (f32, MAX_BLOCK_N + 1, None)):
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         launches = Launches(kernel.module, monkeypatch)
         g = torch.Generator().manual_seed(n)

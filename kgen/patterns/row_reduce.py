@@ -143,12 +143,14 @@ MAX_BLOCK_N = 32768
 # from 5003 to 8191 columns, against the on-chip kernel with 8 warps and no tile loop: layernorm
 # 1060-1410 -> 1500-1630, softmax 1400-1630 -> 1780-1860 to 6001, 1830-2070 -> 1830-1930 above)
 SHIFTED_MAX_BLOCK_N = 4096
-# ... and f32 ones past it where the block on chip would be SHIFTED_F32_FILL full at most (on an
-# H100, GPU time from graphs, the looped kernel a program a row against the on-chip one: at 4097
-# columns layernorm 1860 -> 2340 GB/s, rmsnorm 2420 -> 2630, softmax 2270 -> 2520; at 5003, 12001
-# and 20001 rmsnorm 2340 -> 2690, 2130 -> 2320, 1890 -> 2120, layernorm 2080 -> 2370, 1790 -> 1960,
-# 1510 -> 1920; at 8191, a full block, softmax 2860 on chip and 2310 looped)
-SHIFTED_F32_FILL = (3, 4)
+# ... and f32 ones past it where the block on chip would be SHIFTED_F32_FILL full at most, or
+# SHIFTED_F32_FILL_LANES where a looped sweep keeps Welford lanes (on an H100, kernel time, the
+# looped kernel a program a row against the on-chip one, M = 4096: at 4097, 5003 and 20001 columns
+# (half to 61% of the block) softmax, log-softmax and rmsnorm -2% to +16%, layernorm +22-29%; at
+# 6143, 12001 and 24001 (73-75%) layernorm +3-22%, the others -15% to +13%; at 8191 softmax 2890
+# GB/s on chip, 2310-2500 looped)
+SHIFTED_F32_FILL = (2, 3)
+SHIFTED_F32_FILL_LANES = (3, 4)
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -1214,8 +1216,9 @@ def _tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
+    fill = None if _row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes else SHIFTED_F32_FILL
     return Tiling(
-        max_block=widest, shift_from=shift_from, shift_fill=None if _row_bytes(kir) < 4 else SHIFTED_F32_FILL,
+        max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
         rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // _row_bytes(kir)} // BLOCK_N, 1), {fit})",
         looped_rows=f"min({rows}, {fit})" if rows else "1",
