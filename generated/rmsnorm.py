@@ -491,7 +491,7 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
                        TILE_LOOP=BLOCK_N > 1024 and (ROW_VEC >= 8 or BLOCK_N > 8192),
                        ROW_VEC=ROW_VEC, narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
-        # too wide to hold: sweep each row in chunks of BLOCK_N columns, a few rows per SM at a time
+        # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
         if n_cols <= 8192:
             BLOCK_N, NUM_WARPS = 1024, 4
