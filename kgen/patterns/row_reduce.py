@@ -72,8 +72,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   ``NARROW_CHUNK_N`` on rows under ``WIDE_ROW`` and ``LOOPED_MAXNREG``, f16 softmax at
   N = 50257 went from 1360 to 2380 GB/s on an H200 (eager 2070), layernorm f16 from
   1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.  ``LOOPED_PER_SM`` programs an SM
-  walk the rows, but for rows that loop only because they are shifted (16-bit, up to
-  ``MAX_BLOCK_N`` columns): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES).
+  walk the rows, but for rows that loop only because they are shifted (up to ``MAX_BLOCK_N``
+  columns: 16-bit ones from ``SHIFTED_MAX_BLOCK_N``, f32 ones where the block on chip would be
+  part empty, ``SHIFTED_F32_FILL``): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES).
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 32768
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
@@ -221,8 +222,8 @@ LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # and 2 stages 1635)
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
-# ... but shifted rows that would fit on chip (16-bit rows of SHIFTED_MAX_BLOCK_N + 1 to MAX_BLOCK_N
-# columns) run a program a row, with no pipeline and no register cap (on an H100, f16 from 4097 to
+# ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
+# and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100, f16 from 4097 to
 # 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax +2-21%, log-softmax
 # -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001 columns moved by -11% to
 # +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
@@ -501,14 +502,14 @@ class Tiling:
     @property
     def shift_note(self) -> tuple[str, ...]:
         """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
-        if self.shift_from < self.max_block and self.shift_fill is None:
+        if self.shift_from >= self.max_block:
+            return ()
+        if self.shift_fill is None:
             return (f"(16-bit rows from {self.shift_from + 1} columns too, where on chip they would load an "
                     "element at a time)",)
-        if self.shift_from < self.max_block:
-            part, whole = self.shift_fill
-            return (f"(rows from {self.shift_from + 1} columns too, where on chip they would load an element at a "
-                    "time", f"in a block at most {part}/{whole} full)")
-        return ()
+        part, whole = self.shift_fill
+        return (f"(rows from {self.shift_from + 1} columns too, where on chip they would load an element at a "
+                "time", f"in a block at most {part}/{whole} full)")
 
 
 @dataclass(frozen=True)
