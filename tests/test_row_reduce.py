@@ -585,6 +585,38 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
     check_against_reference(kernel, got, args, n, f"{name} {dtype} N={n}")
 
 
+HELD_CASES = [("softmax", "f16", SHIFTED_MAX_BLOCK_N + 1), ("log_softmax", "f16", 2 * SHIFTED_MAX_BLOCK_N + 1),
+              ("layernorm", "f16", 5003), ("rmsnorm", "f32", SHIFTED_MAX_BLOCK_N + 3), ("layernorm", "f32", 4099),
+              ("softmax", "f32", 5001)]
+
+
+@pytest.mark.parametrize("name, dtype, n", HELD_CASES)
+@pytest.mark.parametrize("out", ["new", "strided"])
+def test_shifted_rows_narrow_enough_to_hold_take_a_program_each_and_match_torch(name, dtype, n, out, monkeypatch):
+    """Rows that would fit on chip but loop, shifted, with the pattern's own tiling (16-bit
+    rows past SHIFTED_MAX_BLOCK_N columns, f32 ones in a block part empty): one program a row,
+    no pipeline, chunks of the short tiers; rows with -inf or zeros over half their columns and
+    out= rows 8 elements wider give the float64 reference's result."""
+    kernel = spec_kernel(name, None, None, dtype)
+    tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(3, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
+    x[1, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
+    args = row_arguments(kernel, x, g)
+    outs = None
+    if out == "strided":
+        shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
+        outs = tuple(torch.full((3, w), float("nan"), dtype=t, device=DEVICE)[:, : n if w > 1 else 1]
+                     for w, t in shapes)
+    got = as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
+    assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
+    options = launches.options[0]
+    assert (launches.per_sm[0], options["SHIFT"], options["NUM_STAGES"]) == (None, True, HELD_SHIFTED_STAGES)
+    assert "maxnreg" not in options
+    check_against_reference(kernel, got, args, n, f"{name} {dtype} N={n}")
+
+
 @pytest.mark.parametrize("name", ["softmax", "layernorm"])
 @pytest.mark.parametrize("chunk, n", [(8, 9), (8, 16), (8, 23), (8, 33), (8, 48), (32, 48), (32, 80), (32, 100)])
 def test_looped_chunks_cover_the_row_once(name, chunk, n, monkeypatch):
