@@ -556,6 +556,22 @@ def check_against_reference(kernel, got, args: dict, n: int, what: str) -> None:
         assert_matches(g_, want, n, f"{what} {o}")
 
 
+def run_half_masked_rows(kernel, name: str, tdt, m: int, n: int, masked: int, out: str) -> tuple[dict, tuple]:
+    """Calls ``kernel`` on m rows of n columns, row ``masked`` -inf (softmaxes) or 0 over its
+    first half, writing to new outputs or (``out="strided"``) to rows 8 elements wider; returns
+    (args, outputs)."""
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(m, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
+    x[masked, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
+    args = row_arguments(kernel, x, g)
+    outs = None
+    if out == "strided":
+        shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
+        outs = tuple(torch.full((m, w), float("nan"), dtype=t, device=DEVICE)[:, : n if w > 1 else 1]
+                     for w, t in shapes)
+    return args, as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
+
+
 SHIFT_CASES = [("softmax", "f16", 37), ("softmax", "f32", 50), ("log_softmax", "f16", 61),
                ("layernorm", "f16", 45), ("layernorm", "f32", 29), ("rmsnorm", "f32", 23), ("rmsnorm", "f16", 40)]
 
@@ -570,16 +586,7 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
     kernel = spec_kernel(name, 8, None, dtype)
     tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
     launches = Launches(kernel.module, monkeypatch)
-    g = torch.Generator().manual_seed(n)
-    x = (torch.randn(7, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
-    x[2, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
-    args = row_arguments(kernel, x, g)
-    outs = None
-    if out == "strided":
-        shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
-        outs = tuple(torch.full((7, w), float("nan"), dtype=t, device=DEVICE)[:, : n if w > 1 else 1]
-                     for w, t in shapes)
-    got = as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
+    args, got = run_half_masked_rows(kernel, name, tdt, 7, n, 2, out)
     assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
     assert launches.options[0]["SHIFT"] is True
     check_against_reference(kernel, got, args, n, f"{name} {dtype} N={n}")
@@ -600,16 +607,7 @@ def test_shifted_rows_narrow_enough_to_hold_take_a_program_each_and_match_torch(
     kernel = spec_kernel(name, None, None, dtype)
     tdt = {"f16": torch.float16, "f32": torch.float32}[dtype]
     launches = Launches(kernel.module, monkeypatch)
-    g = torch.Generator().manual_seed(n)
-    x = (torch.randn(3, n, generator=g, dtype=torch.float64) * 4).to(DEVICE, tdt)
-    x[1, : n // 2] = float("-inf") if name.endswith("softmax") else 0.0
-    args = row_arguments(kernel, x, g)
-    outs = None
-    if out == "strided":
-        shapes = [(n + 8, tdt)] + [(1, torch.float32)] * (len(kernel.outputs) - 1)
-        outs = tuple(torch.full((3, w), float("nan"), dtype=t, device=DEVICE)[:, : n if w > 1 else 1]
-                     for w, t in shapes)
-    got = as_tuple(kernel(**args, out=outs if outs is None or len(outs) > 1 else outs[0]))
+    args, got = run_half_masked_rows(kernel, name, tdt, 3, n, 1, out)
     assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
     options = launches.options[0]
     assert (launches.per_sm[0], options["SHIFT"], options["NUM_STAGES"]) == (None, True, HELD_SHIFTED_STAGES)

@@ -223,10 +223,10 @@ LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
 # ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
-# and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100, f16 from 4097 to
-# 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax +2-21%, log-softmax
-# -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001 columns moved by -11% to
-# +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
+# and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100,
+# f16 from 4097 to 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax
+# +2-21%, log-softmax -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001
+# columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
 HELD_SHIFTED_STAGES = 1
 # split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
 # programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
@@ -561,10 +561,10 @@ class RowReducePlan:
 
     @property
     def shift(self) -> tuple[str, ...]:
-        """The host's SHIFT: on one line where it fits, on two where the block's fill makes it long."""
-        line = f"SHIFT = {self.shift_when} and {self.shift_test}"
-        if len(line) <= 116:   # indented by 4
-            return (line,)
+        """The host's SHIFT: the widths, then the operands' test (two lines where the widths
+        test the block's fill too, which makes them long)."""
+        if self.tiling.shift_fill is None:
+            return (f"SHIFT = {self.shift_when} and {self.shift_test}",)
         return (f"SHIFT = {self.shift_when}", f"SHIFT = SHIFT and {self.shift_test}")
 
     @property
