@@ -284,6 +284,12 @@ def _group_int(ptr, MULTIPLE: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def _group_pick(column, idx, g):
+    """Problem g's entry of a column of the metadata that the list kernel holds in a vector."""
+    return tl.sum(tl.where(idx == g, column, 0))
+
+
+@triton.jit
 def _group_max(a, b):
     return tl.maximum(a, b)
 
@@ -399,8 +405,12 @@ def _group_disjoint(inputs, outputs):
 
 
 # (device, tiles, vector width, sizes, the tensors' names and dtypes, addresses, strides)
-#     -> (table on the device, tiles, layout constexprs named after the tensors)
+#     -> (table on the device, tiles, layout constexprs named after the tensors, shared)
 _GROUP_TABLES = {}
+
+# The list kernel holds each problem's M and addresses in vectors where the problems share N, K and
+# strides: for groups of at most this many problems (a few registers a thread)
+_SHARED_MAX_G = 256
 
 
 def _group_table(device, M, N, K, tensors, config, vector):
@@ -410,7 +420,9 @@ def _group_table(device, M, N, K, tensors, config, vector):
     transfer; a table seen before is reused.  Also the number of tiles, and the layout
     constexprs: X_UNIT (the axis of X with stride 1 in every problem, -1: none), ALIGNED
     (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64, and
-    G_BLOCK (the kernel holds the tile ends in a vector of G_BLOCK >= G)."""
+    G_BLOCK (the kernel holds the tile ends in a vector of G_BLOCK >= G).  And shared: whether
+    the problems with tiles have the same N and K, each tensor the same strides, so that the
+    kernel may read those once and flatten its loops (at most _SHARED_MAX_G problems)."""
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     addresses = [tuple(map(torch.Tensor.data_ptr, values)) for _, values in tensors]
     strides = [tuple(map(torch.Tensor.stride, values)) for _, values in tensors]
@@ -434,12 +446,14 @@ def _group_table(device, M, N, K, tensors, config, vector):
         rows = ends + [x for row in zip(*columns) for x in row]
         live = [i for i, count in enumerate(counts) if count]
         aligned = all(N[i] % vector == 0 and K[i] % vector == 0 for i in live)
+        shared = len(M) <= _SHARED_MAX_G and len({N[i] for i in live}) <= 1 and len({K[i] for i in live}) <= 1
         layout, used, reach = {}, [], 0
         for (name, values), per_address, per_stride in zip(tensors, addresses, strides):
             present = [i for i in live if values[i].numel()]     # K = 0: empty operands
             used += [values[i] for i in present]
             shapes = [values[i].shape for i in present]
             ss = [per_stride[i] for i in present]
+            shared = shared and len(set(ss)) <= 1
             rank = len(per_stride[0])
             unit = next((axis for axis in reversed(range(rank))
                          if all(s[axis] == 1 or shape[axis] <= 1 for s, shape in zip(ss, shapes))), -1)
@@ -451,7 +465,7 @@ def _group_table(device, M, N, K, tensors, config, vector):
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
         layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),
                       ALIGNED=aligned, INT64=2 * max(*M, *N, *K, 1) * reach >= _I32_LIMIT and _needs_int64(*used))
-        cached = (_to_device(rows, torch.int64, device), tiles, layout)
+        cached = (_to_device(rows, torch.int64, device), tiles, layout, shared)
         if not capturing:   # in a capture the copy runs at the replays: the table is empty until then
             if len(_GROUP_TABLES) >= 256:
                 _GROUP_TABLES.clear()
@@ -487,13 +501,14 @@ def _group_programs(device, num_tiles, config):
     return max(1, min(num_tiles, _num_sms(device) * config.get("programs_per_sm", 1)))
 
 
-def _group_launch(config, device, operand_bytes):
-    """The kernel's launch options from a config, and FLATTEN: the config's, or else whether
-    shared memory holds the K loop's buffers (num_stages tiles of both operands) and the
-    epilogue's f32 tile at once, as a tile loop pipelined with its K loop needs."""
+def _group_launch(config, device, operand_bytes, flatten=True):
+    """The kernel's launch options from a config, and FLATTEN: where the kernel may flatten its
+    loops (flatten), the config's, or else whether shared memory holds the K loop's buffers
+    (num_stages tiles of both operands) and the epilogue's f32 tile at once, as a tile loop
+    pipelined with its K loop needs."""
     launch = {key: value for key, value in config.items() if key not in ("programs_per_sm", "TMA", "FLATTEN")}
-    if "FLATTEN" in config:
-        return {**launch, "FLATTEN": bool(config["FLATTEN"])}
+    if not flatten or "FLATTEN" in config:
+        return {**launch, "FLATTEN": flatten and bool(config.get("FLATTEN"))}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     buffers = config.get("num_stages", 3) * (block_m + block_n) * block_k * operand_bytes  # 3: Triton's default
     limit = getattr(_properties(device), "shared_memory_per_block_optin", 0) if device.type == "cuda" else 0
@@ -577,30 +592,56 @@ def grouped_gemm_kernel(
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
     # loads are in flight during this tile's last steps and its store (where shared memory
-    # holds the pipeline's buffers and the epilogue's at once)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
-        # this tile's problem g: as many as end at or before it (problems without tiles,
-        # where M or N is 0, among them), and where its tiles start
-        past = tile_ends <= tile_id
-        g = tl.sum(past.to(tl.int32))
-        tile_start = tl.max(tl.where(past, tile_ends, 0))
-        row = meta_ptr + G + g * 12
-        M = _group_int(row, 1, INT64)
+    # holds the pipeline's buffers and the epilogue's at once).  Triton flattens only a K loop
+    # whose bounds are the same at every tile, so the host sets it only where every problem
+    # has the same N, K and strides: read once, from this program's first problem, with each
+    # problem's M and addresses held in vectors (a tile's problem then needs no load either)
+    if FLATTEN:
+        row = meta_ptr + G + tl.sum((tile_ends <= tl.program_id(0)).to(tl.int32)) * 12
         N = _group_int(row + 1, 8 * ALIGNED, INT64)
         K = _group_int(row + 2, 8 * ALIGNED, INT64)
-        A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
-        B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
-        C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
-        if ALIGNED:
-            A_ptr = tl.multiple_of(A_ptr, 16)
-            B_ptr = tl.multiple_of(B_ptr, 16)
-            C_ptr = tl.multiple_of(C_ptr, 16)
         A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
         A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
         B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
         B_stride1 = 1 if B_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
         C_stride0 = 1 if C_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
         C_stride1 = 1 if C_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        rows = meta_ptr + G + idx * 12
+        M_column = tl.load(rows, mask=idx < G, other=0)
+        if not INT64:
+            M_column = M_column.to(tl.int32)
+        A_addresses = tl.load(rows + 3, mask=idx < G, other=0)
+        B_addresses = tl.load(rows + 4, mask=idx < G, other=0)
+        C_addresses = tl.load(rows + 5, mask=idx < G, other=0)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        # this tile's problem g: as many as end at or before it (problems without tiles,
+        # where M or N is 0, among them), and where its tiles start
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        if FLATTEN:
+            M = _group_pick(M_column, idx, g)
+            A_ptr = _group_pick(A_addresses, idx, g).to(tl.pointer_type(tl.float16))
+            B_ptr = _group_pick(B_addresses, idx, g).to(tl.pointer_type(tl.float16))
+            C_ptr = _group_pick(C_addresses, idx, g).to(tl.pointer_type(tl.float16))
+        else:
+            row = meta_ptr + G + g * 12
+            M = _group_int(row, 1, INT64)
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
+            A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
+            B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
+            C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+            A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
+            A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
+            B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
+            B_stride1 = 1 if B_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
+            C_stride0 = 1 if C_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
+            C_stride1 = 1 if C_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        if ALIGNED:
+            A_ptr = tl.multiple_of(A_ptr, 16)
+            B_ptr = tl.multiple_of(B_ptr, 16)
+            C_ptr = tl.multiple_of(C_ptr, 16)
         # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
         # column, so that programs running together share rows of A and columns of B in L2
         pid = tile_id - tile_start
@@ -660,30 +701,56 @@ def grouped_gemm_tma_kernel(
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
     # loads are in flight during this tile's last steps and its store (where shared memory
-    # holds the pipeline's buffers and the epilogue's at once)
-    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
-        # this tile's problem g: as many as end at or before it (problems without tiles,
-        # where M or N is 0, among them), and where its tiles start
-        past = tile_ends <= tile_id
-        g = tl.sum(past.to(tl.int32))
-        tile_start = tl.max(tl.where(past, tile_ends, 0))
-        row = meta_ptr + G + g * 12
-        M = _group_int(row, 1, INT64)
+    # holds the pipeline's buffers and the epilogue's at once).  Triton flattens only a K loop
+    # whose bounds are the same at every tile, so the host sets it only where every problem
+    # has the same N, K and strides: read once, from this program's first problem, with each
+    # problem's M and addresses held in vectors (a tile's problem then needs no load either)
+    if FLATTEN:
+        row = meta_ptr + G + tl.sum((tile_ends <= tl.program_id(0)).to(tl.int32)) * 12
         N = _group_int(row + 1, 8 * ALIGNED, INT64)
         K = _group_int(row + 2, 8 * ALIGNED, INT64)
-        A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
-        B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
-        C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
-        if ALIGNED:
-            A_ptr = tl.multiple_of(A_ptr, 16)
-            B_ptr = tl.multiple_of(B_ptr, 16)
-            C_ptr = tl.multiple_of(C_ptr, 16)
         A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
         A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
         B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
         B_stride1 = 1 if B_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
         C_stride0 = 1 if C_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
         C_stride1 = 1 if C_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        rows = meta_ptr + G + idx * 12
+        M_column = tl.load(rows, mask=idx < G, other=0)
+        if not INT64:
+            M_column = M_column.to(tl.int32)
+        A_addresses = tl.load(rows + 3, mask=idx < G, other=0)
+        B_addresses = tl.load(rows + 4, mask=idx < G, other=0)
+        C_addresses = tl.load(rows + 5, mask=idx < G, other=0)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        # this tile's problem g: as many as end at or before it (problems without tiles,
+        # where M or N is 0, among them), and where its tiles start
+        past = tile_ends <= tile_id
+        g = tl.sum(past.to(tl.int32))
+        tile_start = tl.max(tl.where(past, tile_ends, 0))
+        if FLATTEN:
+            M = _group_pick(M_column, idx, g)
+            A_ptr = _group_pick(A_addresses, idx, g).to(tl.pointer_type(tl.float16))
+            B_ptr = _group_pick(B_addresses, idx, g).to(tl.pointer_type(tl.float16))
+            C_ptr = _group_pick(C_addresses, idx, g).to(tl.pointer_type(tl.float16))
+        else:
+            row = meta_ptr + G + g * 12
+            M = _group_int(row, 1, INT64)
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
+            A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
+            B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
+            C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+            A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
+            A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
+            B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
+            B_stride1 = 1 if B_UNIT == 1 else _group_int(row + 9, 8 * ALIGNED, INT64)
+            C_stride0 = 1 if C_UNIT == 0 else _group_int(row + 10, 8 * ALIGNED, INT64)
+            C_stride1 = 1 if C_UNIT == 1 else _group_int(row + 11, 8 * ALIGNED, INT64)
+        if ALIGNED:
+            A_ptr = tl.multiple_of(A_ptr, 16)
+            B_ptr = tl.multiple_of(B_ptr, 16)
+            C_ptr = tl.multiple_of(C_ptr, 16)
         # the tile's place in its problem: groups of GROUP_M rows of tiles, walked column by
         # column, so that programs running together share rows of A and columns of B in L2
         pid = tile_id - tile_start
@@ -925,19 +992,21 @@ def grouped_gemm(A, B, *, out=None, config=None):
     else:
         config = _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
                                ("programs_per_sm", "FLATTEN", "TMA"))
-    table, num_tiles, layout = _group_table(device, M, N, K, (("A", A), ("B", B), ("C", C)), config, 8)
+    table, num_tiles, layout, shared = _group_table(device, M, N, K, (("A", A), ("B", B), ("C", C)), config, 8)
     if not num_tiles:
         return C
     grid = (_group_programs(device, num_tiles, config),)
+    # flattened where every problem has the same N, K and strides and some program takes two tiles
+    launch = _group_launch(config, device, 2, shared and num_tiles > grid[0])
     if config.get("TMA") and _group_tma(device, layout, "A", "B"):
         grouped_gemm_tma_kernel[grid](
-            table, G, num_tiles, **layout, **_group_launch(config, device, 2),
+            table, G, num_tiles, **layout, **launch,
             A_T=layout["A_UNIT"] == 0, B_T=layout["B_UNIT"] == 0,
         )
         return C
     # TMA cannot read these operands here: the pointer kernel, same tiles
     grouped_gemm_kernel[grid](
-        table, G, num_tiles, **layout, **_group_launch(config, device, 2),
+        table, G, num_tiles, **layout, **launch,
     )
     return C
 

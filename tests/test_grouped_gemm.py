@@ -77,12 +77,16 @@ def assert_group_close(got, want, a, b, factor=1.0, precision="ieee"):
 
 class Launches:
     def __init__(self, kernel):
-        self.kernel, self.count, self.grids = kernel, 0, []
+        self.kernel, self.count, self.grids, self.flatten = kernel, 0, [], []
 
     def __getitem__(self, grid):
         self.count += 1
         self.grids.append(grid)
-        return self.kernel[grid]
+
+        def launch(*args, **options):
+            self.flatten.append(options.get("FLATTEN"))
+            return self.kernel[grid](*args, **options)
+        return launch
 
 
 @contextmanager
@@ -253,7 +257,7 @@ def test_outputs_of_one_width_share_an_allocation_and_others_are_aligned():
 # --- the metadata table and the layout constexprs ------------------------------------------------------
 
 def table_of(k, a, b):
-    """(module, (table, tiles, layout), again): what the host computes for the interpreter's
+    """(module, (table, tiles, layout, shared), again): what the host computes for the interpreter's
     config, and the same computed a second time for the same tensors."""
     c = k(a, b)
     module = k._last.module
@@ -268,13 +272,14 @@ def test_table_rows_and_the_cache():
     k = compiled("C = A @ B")
     a = [randn(40, 64, dtype=torch.float16), randn(0, 64, dtype=torch.float16), randn(7, 16, dtype=torch.float16)]
     b = [randn(64, 33, dtype=torch.float16), randn(64, 8, dtype=torch.float16), randn(16, 64, dtype=torch.float16)]
-    module, (table, tiles, layout), again = table_of(k, a, b)
+    module, (table, tiles, layout, shared), again = table_of(k, a, b)
     ends, rows = table[:3].tolist(), table[3:].view(3, -1).tolist()
     assert ends == [4, 4, 6] and tiles == 6                       # 2 x 2 tiles, none, 1 x 2 tiles
     assert [r[:3] for r in rows] == [[40, 33, 64], [0, 8, 64], [7, 64, 16]]
     assert [r[3] for r in rows] == [t.data_ptr() for t in a] and [r[4] for r in rows] == [t.data_ptr() for t in b]
     assert rows[0][6:10] == [64, 1, 33, 1]
     assert again[0] is table          # the same tensors again: the same table, no second copy
+    assert not shared                 # K differs: the kernel reads each tile's row
 
 
 def test_kernels_of_one_module_do_not_share_tables():
@@ -314,21 +319,77 @@ def test_layout_constexprs():
     k = compiled("C = A @ B")
     h = torch.float16
     a, b = [randn(32, 64, dtype=h), randn(16, 128, dtype=h)], [randn(64, 48, dtype=h), randn(128, 8, dtype=h)]
-    _, (_, _, layout), _ = table_of(k, a, b)
+    _, (_, _, layout, _), _ = table_of(k, a, b)
     assert layout == {"A_UNIT": 1, "B_UNIT": 1, "C_UNIT": 1, "G_BLOCK": 32, "EVEN_K": True, "ALIGNED": True,
                       "INT64": False}
     bt = [randn(64, 48, dtype=h, layout="cols"), randn(128, 8, dtype=h, layout="cols")]
-    _, (_, _, layout), _ = table_of(k, a, bt)
+    _, (_, _, layout, _), _ = table_of(k, a, bt)
     assert layout["B_UNIT"] == 0 and layout["ALIGNED"]
     mixed = [bt[0], b[1]]
-    _, (_, _, layout), _ = table_of(k, a, mixed)
+    _, (_, _, layout, _), _ = table_of(k, a, mixed)
     assert layout["B_UNIT"] == -1 and not layout["ALIGNED"]     # a stride of 1 is no multiple of 8
     sliced = [randn(32, 64, dtype=h, layout="sliced"), a[1]]
-    _, (_, _, layout), _ = table_of(k, sliced, b)
+    _, (_, _, layout, _), _ = table_of(k, sliced, b)
     assert layout["A_UNIT"] == 1 and not layout["ALIGNED"]
     odd = [randn(32, 60, dtype=h), a[1]], [randn(60, 48, dtype=h), b[1]]
-    _, (_, _, layout), _ = table_of(k, *odd)
+    _, (_, _, layout, _), _ = table_of(k, *odd)
     assert not layout["EVEN_K"] and not layout["ALIGNED"]                  # K = 60 is no multiple of 8 halfs
+
+
+def test_problems_share_sizes_and_strides_where_every_problem_with_tiles_does():
+    k = compiled("C = A @ B")
+    h = torch.float16
+    rows = [randn(m, 40, dtype=h) for m in (33, 0, 5)]
+    weights = [randn(40, 24, dtype=h) for _ in rows]
+    assert table_of(k, rows, weights)[1][3]                           # M differs, and M = 0 has no tiles
+    assert not table_of(k, rows, weights[:2] + [randn(40, 8, dtype=h)])[1][3]                     # N
+    assert not table_of(k, rows[:2] + [randn(5, 16, dtype=h)], weights[:2] + [randn(16, 24, dtype=h)])[1][3]  # K
+    assert not table_of(k, rows, weights[:2] + [randn(40, 24, dtype=h, layout="cols")])[1][3]    # B's strides
+    assert not table_of(k, rows, weights[:2] + [randn(40, 24, dtype=h, layout="sliced")])[1][3]
+    many = [randn(1, 8, dtype=h) for _ in range(k._last.module._SHARED_MAX_G + 1)]
+    assert not table_of(k, many, [randn(8, 8, dtype=h)] * len(many))[1][3]
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from([0, 1, 7, 31, 33, 65]), min_size=1, max_size=6), st.sampled_from([1, 17, 32, 48]),
+       st.sampled_from([1, 16, 33, 64]), st.sampled_from(["rows", "b cols", "a cols"]),
+       st.sampled_from(["C = A @ B", "C = gelu(A @ B + b)", "C = (A @ B) * s + R"]))
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_flattened_list_kernel_reads_shared_sizes_once_and_matches_reference(rows, n, kk, layout, spec):
+    """Groups whose problems share N and K, with FLATTEN asked: where they share strides too, the
+    kernel reads them once and holds each problem's M and addresses; with 16 x 16 tiles the
+    interpreter's 4 programs take several tiles each (otherwise the host does not flatten: a
+    GPU's programs mostly take one here, and the GPU test of every config flattens)."""
+    a, b = make_group([(m, n, kk) for m in rows], layout, torch.float32, random.Random(0))
+    extras, factor = EPILOGUES[spec]
+    args = {"A": a, "B": b, **{name: [randn(*shape(m, n)) for m in rows] for name, shape in extras.items()}}
+    k = compiled(spec)
+    k(*[args[x] for x in k.inputs])
+    module, name = k._last.module, k._last.name
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 1,
+              "programs_per_sm": 1, "FLATTEN": True}
+    with watching(module, f"{name}_kernel") as launches:
+        got = getattr(module, name)(*[args[x] for x in k.inputs], config=config)
+    tiles = sum(-(-m // 16) * -(-n // 16) for m in rows)
+    assert launches.count == (1 if tiles else 0)
+    if tiles:    # column-major A: its strides follow M
+        programs = launches.grids[0][0]
+        assert launches.flatten == [tiles > programs and (layout != "a cols" or len({m for m in rows if m}) == 1)]
+    (want,) = evaluate(k.ir, args)
+    assert_group_close(got, want, a, b, factor, PRECISION)
+
+
+def test_groups_that_do_not_share_sizes_are_not_flattened():
+    k = compiled("C = A @ B")
+    a, b = [randn(40, 33), randn(50, 20)], [randn(33, 40), randn(20, 40)]
+    k(a, b)
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 1,
+              "programs_per_sm": 1, "FLATTEN": True}
+    module, name = k._last.module, k._last.name
+    with watching(module, f"{name}_kernel") as launches:
+        got = getattr(module, name)(a, b, config=config)
+    assert launches.flatten == [False]
+    assert_group_close(got, [x.double() @ y.double() for x, y in zip(a, b)], a, b)
 
 
 def test_int64_offsets_path(monkeypatch):
@@ -339,7 +400,7 @@ def test_int64_offsets_path(monkeypatch):
     monkeypatch.setattr(module, "_I32_LIMIT", 64)
     module._GROUP_TABLES.clear()
     c = k(a, b, bias)
-    (_, _, layout), = module._GROUP_TABLES.values()
+    (_, _, layout, _), = module._GROUP_TABLES.values()
     assert layout["INT64"]
     assert_group_close(c, [F.gelu(x.double() @ y.double() + z.double()) for x, y, z in zip(a, b, bias)], a, b, 1.2)
     offs = torch.tensor([10, 30], dtype=torch.int32, device=DEVICE)
@@ -870,9 +931,12 @@ def test_default_candidates_time_the_biggest_tiles_flattened_where_the_epilogue_
     for c in flattened:   # each just before its twin left to the host's estimate, so that ties go to it
         assert configs[configs.index(c) + 1] == {k: v for k, v in c.items() if k != "FLATTEN"}
     assert "FLATTEN=True)" in kernel.source
-    # timed for the MoE form only: the list kernel gained nothing from them
+    # for lists, where the problems share N and K: elsewhere the list kernel does not flatten
     big = {"A": [torch.empty(2048, 2048)] * 4, "B": [torch.empty(2048, 2048)] * 4}
-    assert not any(c.get("FLATTEN") for c in grouped_gemm.prune(configs, big, "A", "B"))
+    assert [c for c in grouped_gemm.prune(configs, big, "A", "B") if c.get("FLATTEN")] == flattened
+    mixed = {"A": [torch.empty(2048, 2048), torch.empty(2048, 1024)],
+             "B": [torch.empty(2048, 2048), torch.empty(1024, 2048)]}
+    assert not any(c.get("FLATTEN") for c in grouped_gemm.prune(configs, mixed, "A", "B"))
     moe = {"A": torch.empty(8192, 2048), "B": torch.empty(4, 2048, 2048)}
     assert [c for c in grouped_gemm.prune_moe(configs, moe, "A", "B") if c.get("FLATTEN")] == flattened
 
@@ -899,11 +963,18 @@ CONFIG_EPILOGUES = {"C = gelu(A @ W + b)": lambda y, bias: F.gelu(y + bias.doubl
              "C = leaky_relu(A @ W)": lambda y, bias: F.leaky_relu(y, 0.01)}
 
 
+# Problems of mixed sizes, and ones that share N and K with enough tiles for a second tile a
+# program, where the list kernels flatten their loops.
+CONFIG_GROUPS = {"mixed": [(304, 200, 136), (64, 48, 64), (1, 1000, 72)],
+                 "shared": [(2048, 2048, 136), (1500, 2048, 136), (0, 2048, 136), (33, 2048, 136)]}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("text", list(CONFIG_EPILOGUES))
-def test_gpu_every_candidate_config(untuned, dtype, text):
-    problems = [(304, 200, 136), (64, 48, 64), (1, 1000, 72)]
+@pytest.mark.parametrize("group", list(CONFIG_GROUPS))
+def test_gpu_every_candidate_config(untuned, dtype, text, group):
+    problems = CONFIG_GROUPS[group]
     a, b = make_group(problems, "rows", DTYPES[dtype], random.Random(2))
     bias = [randn(n, dtype=DTYPES[dtype]) for _, n, _ in problems]
     args = (a, b, bias) if "+ b" in text else (a, b)
@@ -913,9 +984,14 @@ def test_gpu_every_candidate_config(untuned, dtype, text):
     want = [CONFIG_EPILOGUES[text](x.double() @ y.double(), z) for x, y, z in zip(a, b, bias)]
     configs = getattr(module, f"{k._last.name}_configs")
     assert any(c.get("FLATTEN") for c in configs) == (len(args) == 2)
+    flattened = []
     for config in configs:
-        got = getattr(module, k._last.name)(*args, config=config)
+        with watching(module, f"{k._last.name}_kernel") as pointer, \
+                watching(module, f"{k._last.name}_tma_kernel") as tma:
+            got = getattr(module, k._last.name)(*args, config=config)
+        flattened += pointer.flatten + tma.flatten
         assert_group_close(got, want, a, b, 1.2, "tf32")
+    assert any(flattened) == (group == "shared")
 
 
 @pytest.mark.gpu
