@@ -251,9 +251,9 @@ def run_once(args) -> int:
         raise KgenError(f"--shape: kgen run takes one point (--shape M=64,N=128), got {len(args.shape)}: "
                         f"{' '.join(args.shape)} (kgen bench times several)")
     point = parse_shape(args.shape[0] if args.shape else "")
+    kernels = _single_kernel(args.path, dtype)     # a bad path is said before the interpreter's notice
     interpreted = use_interpreter_if_no_gpu()
     device = "cpu" if interpreted else "cuda"
-    kernels = _single_kernel(args.path, dtype)
     known = known_names([kernel.ir for kernel in kernels])
     sized = [(kernel, sizes_for(kernel.ir, point, known=known)) for kernel in kernels]   # every name checked first
     mismatched = []

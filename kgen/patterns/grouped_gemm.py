@@ -175,7 +175,7 @@ SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
 KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
     "g", "G", "T", "tile_start", "tile_ends", "num_tiles", "row_start", "row_starts", "row_ends", "row_counts",
     "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm", "FLATTEN", "rows", "M_column"})
-HOST_LOCALS = gemm.HOST_LOCALS | frozenset({"G", "T", "table", "layout", "shared", "offs"})
+HOST_LOCALS = gemm.HOST_LOCALS | frozenset({"G", "T", "table", "layout", "shared", "launch", "offs"})
 
 
 @dataclass(frozen=True)
