@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
-from kgen.patterns.row_reduce import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
+from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
                                       SHIFTED_F32_FILL, SHIFTED_F32_FILL_LANES,
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
