@@ -930,6 +930,21 @@ def test_prune_keeps_tiles_that_fit_the_problem():
     assert not any("SPLIT_K" in c for c in batched)       # 64 batches of 16 rows fill the GPU without it
 
 
+def test_operands_whose_rows_start_mid_sector_have_tma_timed_whatever_the_waves():
+    """Rows 16 bytes past a multiple of 32 apart (f16 rows of 1000): the tiled kernel's copies
+    lose there, TMA's loads less, so its tiles are timed even with a wave or less of them."""
+    assert gemm._half_sector(half(4096, 1000)) and gemm._half_sector(half(4096, 4104)[:, :4096])
+    assert not gemm._half_sector(half(4096, 1008)) and not gemm._half_sector(half(4096, 2000))
+    assert gemm._half_sector(half(4096, 4104)[:, :4096].t())      # columns 4104 halfs apart
+    assert not gemm._half_sector(half(1000, 4096).t())            # columns 4096 halfs apart
+    configs = default_configs()
+    one_wave = lambda c: c.get("TMA") and (c["BLOCK_M"], c["BLOCK_N"]) == (128, 256)  # noqa: E731  (128 tiles)
+    odd = gemm.prune(configs, {"A": half(4096, 4096), "B": half(4096, 1000)}, "A", "B")
+    assert any(map(one_wave, odd))
+    even = gemm.prune(configs, {"A": half(4096, 4096), "B": half(4096, 1008)}, "A", "B")
+    assert not any(map(one_wave, even)) and any(c.get("TMA") for c in even)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="Hopper")
 def test_prune_times_tma_only_for_big_problems():
@@ -942,6 +957,13 @@ def test_prune_times_tma_only_for_big_problems():
     assert any(c.get("TMA") for c in configs)
     assert not any(c.get("TMA") for c in gemm.prune(configs, square(2048), "A", "B"))
     assert any(c.get("TMA") for c in gemm.prune(configs, square(4096), "A", "B"))
+    # rows that start mid-sector: from half as many flops
+    wide = lambda m, n, k: {"A": torch.empty(m, k, device="cuda", dtype=torch.float16),  # noqa: E731
+                            "B": torch.empty(k, n, device="cuda", dtype=torch.float16)}
+    assert 2 * 4096 * 1000 * 4096 < gemm.TMA_MIN_FLOP
+    assert any(c.get("TMA") for c in gemm.prune(configs, wide(4096, 1000, 4096), "A", "B"))
+    assert not any(c.get("TMA") for c in gemm.prune(configs, wide(4096, 1008, 4096), "A", "B"))
+    assert not any(c.get("TMA") for c in gemm.prune(configs, wide(1024, 1000, 4096), "A", "B"))
 
 
 def test_kernel_call_passes_the_tuned_config(cache, monkeypatch):

@@ -739,13 +739,19 @@ DEFAULT_SMS = 132
 # 2048^3 (2^34) on an H100, 128 x 128 tiles with TMA were the fastest on the GPU but ran
 # at 527 TFLOP/s call by call, where 128 x 256 tiles without reached 580.
 TMA_MIN_FLOP = 2**35
+# ... or half as many where an operand's rows (or columns) lie 16 bytes past a multiple of 32
+# apart, so that every other one starts mid-sector: there the tiled kernel's 16-byte copies run
+# 24-40% slower, TMA's 0-10% (on an H100, f16 4096 x 1000 x 4096: 75 us tiled, 63 with TMA,
+# cuBLAS 53; README, "GEMM sizes and strides that are not multiples of 16"), whatever the waves
+HALF_SECTOR_TMA_MIN_FLOP = TMA_MIN_FLOP // 2
 
 
-def times_tma(tensor: torch.Tensor, flop: int) -> bool:
+def times_tma(tensor: torch.Tensor, flop: int, half_sector: bool = False) -> bool:
     """Whether TMA candidates are timed for a problem of ``flop`` on ``tensor``'s device: on
-    a GPU with TMA from TMA_MIN_FLOP; off the GPU always (they run the fallback, which the
-    tests exercise)."""
-    return not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= TMA_MIN_FLOP)
+    a GPU with TMA from TMA_MIN_FLOP (HALF_SECTOR_TMA_MIN_FLOP where an operand's rows start
+    mid-sector); off the GPU always (they run the fallback, which the tests exercise)."""
+    least = HALF_SECTOR_TMA_MIN_FLOP if half_sector else TMA_MIN_FLOP
+    return not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= least)
 
 
 def prune(configs, bound: dict, lhs: str, rhs: str):
@@ -756,7 +762,8 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
       problem has at least TMA_MIN_FLOP, and the output has more tiles than the GPU has SMs
       (with one wave or less the persistent loop gains nothing; building the descriptors
       costs the host about 20 us a call on an H200's host, enough to show in a GEMM of less
-      than 50 us);
+      than 50 us); where an operand's rows start mid-sector (``_half_sector``), from
+      HALF_SECTOR_TMA_MIN_FLOP and with any number of tiles: TMA's loads are what gain there;
     - split-K only where the output has fewer tiles than the GPU has SMs, and each slice
       of K keeps at least 4 steps of BLOCK_K;
     - of those, the ones whose programs keep a quarter of the SMs busy (or as many as any
@@ -767,13 +774,15 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     cap = lambda size: max(16, 1 << max(0, size - 1).bit_length())  # noqa: E731
-    tma = all(_tma_addressable(t) for t in (a, b)) and times_tma(a, 2 * m * n * k * batch)
+    addressable = all(_tma_addressable(t) for t in (a, b))
+    half = addressable and any(_half_sector(t) for t in (a, b))
+    tma = addressable and times_tma(a, 2 * m * n * k * batch, half)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else DEFAULT_SMS
     tiles = lambda c: -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * batch  # noqa: E731
     programs = lambda c: tiles(c) * c.get("SPLIT_K", 1)  # noqa: E731
     kept = [c for c in configs
             if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
-            and (not c.get("TMA") or (tma and tiles(c) > sms))
+            and (not c.get("TMA") or (tma and (half or tiles(c) > sms)))
             and (c.get("SPLIT_K", 1) == 1 or (tiles(c) < sms and k >= 4 * c["SPLIT_K"] * c["BLOCK_K"]))]
     if kept:
         enough = min(sms // 4, max(map(programs, kept)))
@@ -781,6 +790,13 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
                 and (programs(c) <= 4 * sms or c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 128)]
     return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c.get("SPLIT_K", 1),
                                                 c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
+
+
+def _half_sector(t) -> bool:
+    """Whether a TMA-addressable operand's rows (or columns, where those are contiguous) lie 16
+    bytes past a multiple of 32 apart: every other one starts in the middle of a 32-byte sector."""
+    unit = 1 if t.stride(1) == 1 else 0
+    return t.stride(1 - unit) * t.element_size() % 32 == 16
 
 
 def _tma_addressable(t) -> bool:
