@@ -627,11 +627,11 @@ def grouped_gemm_kernel(
         else:
             row = meta_ptr + G + g * 12
             M = _group_int(row, 1, INT64)
-            N = _group_int(row + 1, 8 * ALIGNED, INT64)
-            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
             B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
             C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
             A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
             B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)
@@ -736,11 +736,11 @@ def grouped_gemm_tma_kernel(
         else:
             row = meta_ptr + G + g * 12
             M = _group_int(row, 1, INT64)
-            N = _group_int(row + 1, 8 * ALIGNED, INT64)
-            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             A_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
             B_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
             C_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             A_stride0 = 1 if A_UNIT == 0 else _group_int(row + 6, 8 * ALIGNED, INT64)
             A_stride1 = 1 if A_UNIT == 1 else _group_int(row + 7, 8 * ALIGNED, INT64)
             B_stride0 = 1 if B_UNIT == 0 else _group_int(row + 8, 8 * ALIGNED, INT64)

@@ -635,12 +635,12 @@ def grouped_linear_gelu_kernel(
         else:
             row = meta_ptr + G + g * 14
             M = _group_int(row, 1, INT64)
-            N = _group_int(row + 1, 8 * ALIGNED, INT64)
-            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             X_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
             W_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
             b_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
             Y_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 7, 8 * ALIGNED, INT64)
             X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 8, 8 * ALIGNED, INT64)
             W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 9, 8 * ALIGNED, INT64)
@@ -751,12 +751,12 @@ def grouped_linear_gelu_tma_kernel(
         else:
             row = meta_ptr + G + g * 14
             M = _group_int(row, 1, INT64)
-            N = _group_int(row + 1, 8 * ALIGNED, INT64)
-            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             X_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float16))
             W_ptr = tl.load(row + 4).to(tl.pointer_type(tl.float16))
             b_ptr = tl.load(row + 5).to(tl.pointer_type(tl.float16))
             Y_ptr = tl.load(row + 6).to(tl.pointer_type(tl.float16))
+            N = _group_int(row + 1, 8 * ALIGNED, INT64)
+            K = _group_int(row + 2, 8 * ALIGNED, INT64)
             X_stride0 = 1 if X_UNIT == 0 else _group_int(row + 7, 8 * ALIGNED, INT64)
             X_stride1 = 1 if X_UNIT == 1 else _group_int(row + 8, 8 * ALIGNED, INT64)
             W_stride0 = 1 if W_UNIT == 0 else _group_int(row + 9, 8 * ALIGNED, INT64)
