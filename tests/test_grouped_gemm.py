@@ -781,6 +781,8 @@ def test_group_key_is_a_signature_not_exact_sizes():
     assert key(a, b) != key([t.half() for t in a], [t.half() for t in b])   # dtype
     assert key(a, b) != key(a, [t.t().contiguous().t() for t in b])         # layout
     assert key(a, b) != key([torch.empty(m, 64) for m in (1000, 1200)], b)  # sizes
+    # problems that share N and K (which may flatten the kernel's loops) and problems that do not
+    assert key(a, b) != key(a, [b[0], torch.empty(64, 90)])
     assert key([], []) is None and key(a, b[:1]) is None
 
 

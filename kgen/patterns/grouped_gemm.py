@@ -77,7 +77,8 @@ tensors are stacked; a rank-2 tensor is ragged when it has as many rows as the f
 **Tuning**: configs add ``programs_per_sm`` to the GEMM keys.  The key is the group's
 signature, not its exact sizes (a MoE layer's sizes change every step): the dtype, G,
 the powers of two above the largest M, N and K and above the mean output tile area, the
-power of two nearest the total M*N*K, and the operands' layouts; cached on disk by
+power of two nearest the total M*N*K, the operands' layouts, and whether the problems share N
+and K (where the list kernel may flatten its loops); cached on disk by
 ``kgen/autotune.py`` as for the GEMM.  Configs are timed from CUDA graphs (GPU work
 alone, L2 flushed before each call as ``do_bench`` flushes it: ``autotune.graph_ms``):
 the host's time per call is the same for each, and timed call by call a short
@@ -571,9 +572,11 @@ def _group_signature(a, b, lhs, rhs) -> str | None:
         work = sum(m * n * k for m, n, k in zip(ms, ns, ks))
         area = sum(m * n for m, n in zip(ms, ns)) // len(a)
         dtype = str(a[0].dtype).removeprefix("torch.")
+        # problems that share N and K may flatten their loops (the list kernel's FLATTEN), others not
+        shared = " NK:shared" if len(set(ns)) == 1 and len(set(ks)) == 1 else ""
         return (f"grouped {dtype} G={len(a)} M<={_p2(max(ms))} N<={_p2(max(ns))} K<={_p2(max(ks))} "
                 f"MN<={_p2(area)} MNK~2^{round(math.log2(work)) if work else 0} "
-                f"{lhs}:{_layout(a)} {rhs}:{_layout(b)}")
+                f"{lhs}:{_layout(a)} {rhs}:{_layout(b)}{shared}")
     except (TypeError, ValueError, AttributeError, IndexError):
         return None
 
