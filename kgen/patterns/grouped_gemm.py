@@ -572,13 +572,18 @@ def _group_signature(a, b, lhs, rhs) -> str | None:
         work = sum(m * n * k for m, n, k in zip(ms, ns, ks))
         area = sum(m * n for m, n in zip(ms, ns)) // len(a)
         dtype = str(a[0].dtype).removeprefix("torch.")
-        # problems that share N and K may flatten their loops (the list kernel's FLATTEN), others not
-        shared = " NK:shared" if len(set(ns)) == 1 and len(set(ks)) == 1 else ""
+        shared = " NK:shared" if _share_n_and_k(a, b) else ""
         return (f"grouped {dtype} G={len(a)} M<={_p2(max(ms))} N<={_p2(max(ns))} K<={_p2(max(ks))} "
                 f"MN<={_p2(area)} MNK~2^{round(math.log2(work)) if work else 0} "
                 f"{lhs}:{_layout(a)} {rhs}:{_layout(b)}{shared}")
     except (TypeError, ValueError, AttributeError, IndexError):
         return None
+
+
+def _share_n_and_k(a, b) -> bool:
+    """Whether every problem of lists a ([M, K] each) and b ([K, N] each) has the same N and K:
+    only such groups may flatten the list kernel's loops (its FLATTEN)."""
+    return len({t.shape[1] for t in a}) <= 1 and len({t.shape[1] for t in b}) <= 1
 
 
 def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
@@ -615,7 +620,7 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
     FLATTENED_16's twins only where the problems share N and K: elsewhere the list kernel does
     not flatten its loops, and a twin would time the same kernel again."""
     a, b = bound[lhs], bound[rhs]
-    if len({t.shape[1] for t in a}) > 1 or len({t.shape[1] for t in b}) > 1:
+    if not _share_n_and_k(a, b):
         configs = [c for c in configs if not c.get("FLATTEN")]
     flop = sum(2 * x.shape[0] * x.shape[1] * y.shape[1] for x, y in zip(a, b))
     return _fit(configs, max(t.shape[0] for t in a), max(t.shape[1] for t in b), max(t.shape[1] for t in a), a[0],
