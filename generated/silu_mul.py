@@ -306,7 +306,7 @@ def silu_mul(x, gate, *, out=None, config=None):
     contiguous = x.is_contiguous() and gate.is_contiguous() and y.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, gate, y)
     if config is None:
-        BLOCK_SIZE, num_warps = (1024, 4)
+        BLOCK_SIZE, num_warps = (2048, 16) if contiguous and n_elements >= 2**25 else (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
     grid = (_cdiv(n_elements, BLOCK_SIZE),)

@@ -928,6 +928,69 @@ def test_host_integer_helpers_match_triton():
     assert module._next_pow2(0) == 1 and module._cdiv(0, 64) == 0
 
 
+def _block(launches):
+    return launches.kwargs[-1]["BLOCK_SIZE"], launches.kwargs[-1]["num_warps"]
+
+
+def test_large_contiguous_calls_take_sixteen_warps(watch, monkeypatch):
+    """Contiguous calls of WIDE_FROM elements or more take 16 warps and 8 bytes of the widest
+    element a thread; smaller or strided calls, broadcasting kernels and a spec's schedule keep
+    their blocks.  On meta tensors with the launch recorded, so nothing that size is allocated."""
+    from kgen.patterns.elementwise import WIDE_FROM
+
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, device="meta", dtype=dtype)
+
+    n, rows = WIDE_FROM, WIDE_FROM // 4096
+    add = kgen.compile("specs/vector_add.k")
+    launches = _meta_launches(add.module, watch, monkeypatch)
+    add(meta(n), meta(n), out=meta(n))
+    assert _block(launches) == (1024, 16)
+    add(meta(n - 16), meta(n - 16), out=meta(n - 16))
+    assert _block(launches) == (1024, 4)
+    add(meta(2 * n)[::2], meta(n), out=meta(n))
+    assert _block(launches) == (1024, 4)
+
+    swiglu = kgen.compile("specs/swiglu_residual.k")
+    launches = _meta_launches(swiglu.module, watch, monkeypatch)
+    swiglu(*(meta(rows, 4096, dtype=torch.float16) for _ in range(3)), out=meta(rows, 4096, dtype=torch.float16))
+    assert _block(launches) == (2048, 16)
+
+    mixed = kgen.compile("Y = A * B")          # f16 and f32 operands: 8 bytes of f32 a thread
+    mixed(torch.randn(2, 3, device=DEVICE).half(), torch.randn(2, 3, device=DEVICE))
+    launches = _meta_launches(mixed._last.module, watch, monkeypatch)
+    mixed(meta(rows, 4096, dtype=torch.float16), meta(rows, 4096), out=meta(rows, 4096))
+    assert _block(launches) == (1024, 16)
+
+    bias_gelu = kgen.compile("specs/bias_gelu.k")   # a broadcast operand: no flat path
+    launches = _meta_launches(bias_gelu.module, watch, monkeypatch)
+    bias_gelu(meta(rows, 4096, dtype=torch.float16), meta(4096, dtype=torch.float16),
+              out=meta(rows, 4096, dtype=torch.float16))
+    assert _block(launches) == (1024, 4)
+
+    scheduled = kgen.compile("""kernel twice(x: f32[N]) -> y: f32[N] {
+    y = x * 2
+}
+schedule twice {
+    BLOCK_SIZE = 512
+}
+""")
+    launches = _meta_launches(scheduled.module, watch, monkeypatch)
+    scheduled(meta(n), out=meta(n))
+    assert _block(launches) == (512, 4)
+
+
+@pytest.mark.gpu
+def test_large_contiguous_calls_on_gpu():
+    """The 16-warp blocks of large contiguous calls compute every element, the last block's too."""
+    n = 2**25 + 2**10 + 3
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    assert torch.equal(kgen.compile("specs/vector_add.k")(x, y), x + y)
+    x16, g16, r16 = (torch.randn(2**13 + 1, 4096, device="cuda").half() for _ in range(3))
+    assert_matches(kgen.compile("specs/swiglu_residual.k")(x16, g16, r16),
+                   r16.double() + F.silu(g16.double()) * x16.double())
+
+
 @pytest.mark.gpu
 def test_int64_offsets_on_gpu():
     """Past 2**31 elements the offsets are int64: the last elements are written, and right."""

@@ -22,6 +22,13 @@ from .host import Host, check_locals, host
 # the best of 1024..16384 x 4..16 everywhere, and larger blocks lose up to 15% on
 # compute-heavier chains.  A schedule section overrides it.
 DEFAULT_BLOCKS = ((None, 1024, 4),)
+# Contiguous calls of at least WIDE_FROM elements take WIDE_WARPS warps and WIDE_BYTES of the
+# widest element a thread (f32: 1024 x 16, f16: 2048 x 16): more loads in flight.  On an H100
+# (GPU time from graphs), x + y in f32 at 2**25..2**28 elements ran at 3010-3111 GB/s where
+# 1024 x 4 ran at 2996-3056 (torch.compile, 512 x 8: 3015-3097), a four-op f16 chain gained
+# 0.2-0.4%; at 2**24 neither gained.  Strided calls stay at 1024 x 4: gelu(x + bias) in f16
+# lost 15% in 16 warps.
+WIDE_FROM, WIDE_WARPS, WIDE_BYTES = 2**25, 16, 8
 SCHEDULE_KEYS = ("BLOCK_SIZE", "num_warps")
 
 
@@ -51,6 +58,7 @@ class ElementwisePlan:
     helpers: tuple[str, ...]
     flat: bool                             # the flat path exists (every operand can be full)
     blocks: tuple[tuple[int | None, int, int], ...]
+    wide_block: int | None                 # BLOCK_SIZE of large contiguous calls (None: the blocks alone)
     tuning: Tuning                         # the schedule's candidates, timed by kgen's autotuner
     config_check: str = config_check(SCHEDULE_KEYS, ())   # the host line for a config= given by the call
     pattern: str = "elementwise"
@@ -100,13 +108,14 @@ class ElementwisePlan:
 
     @property
     def block_choice(self) -> str:
-        """``BLOCK_SIZE, num_warps = ...`` by element count."""
+        """``BLOCK_SIZE, num_warps = ...`` by element count (and contiguity)."""
         *small, (_, block, warps) = self.blocks
-        if not small:
-            return f"({block}, {warps})"
         text = f"({block}, {warps})"
         for limit, b, w in reversed(small):
             text = f"({b}, {w}) if n_elements < {limit} else {text}"
+        if self.wide_block:
+            wide_from = f"2**{WIDE_FROM.bit_length() - 1}"
+            text = f"({self.wide_block}, {WIDE_WARPS}) if contiguous and n_elements >= {wide_from} else {text}"
         return text
 
     @property
@@ -151,11 +160,14 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
                     for o in kir.outputs)
     body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
     blocks, candidates = _schedule(kir)
+    # no flat path when every axis has size 1: there are no offsets to take
+    flat = rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar
+    widest = max([kir.nodes[op.name].dtype.bytes for op in inputs] + [o.node.dtype.bytes for o in kir.outputs])
+    wide = flat and blocks == DEFAULT_BLOCKS and not candidates   # a schedule's blocks are the spec's choice
     return ElementwisePlan(
         name=kir.name, host=host(kir, inplace=True), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes) + ("check_config",),
-        # no flat path when every axis has size 1: there are no offsets to take
-        flat=rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar,
+        flat=flat, wide_block=WIDE_WARPS * 32 * WIDE_BYTES // widest if wide else None,
         # the candidates cost the host the same: timed on the GPU alone (graphs), as the GEMMs'
         blocks=blocks, tuning=Tuning(tuple({"BLOCK_SIZE": b, "num_warps": w} for b, w in candidates),
                                      graphs=True))
