@@ -299,6 +299,7 @@ def vector_add(x, y, *, out=None, config=None):
     contiguous = x.is_contiguous() and y.is_contiguous() and z.is_contiguous()
     int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, y, z)
     if config is None:
+        # large contiguous calls: 16 warps, 8 bytes of the widest element a thread, for more loads in flight
         BLOCK_SIZE, num_warps = (1024, 16) if contiguous and n_elements >= 2**25 else (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]

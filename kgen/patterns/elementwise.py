@@ -119,6 +119,14 @@ class ElementwisePlan:
         return text
 
     @property
+    def block_note(self) -> tuple[str, ...]:
+        """The comment above ``block_choice`` where it picks wide blocks."""
+        if not self.wide_block:
+            return ()
+        return (f"large contiguous calls: {WIDE_WARPS} warps, {WIDE_BYTES} bytes of the widest element a thread, "
+                "for more loads in flight",)
+
+    @property
     def contiguous_test(self) -> str:
         if not self.flat:
             return "False"
