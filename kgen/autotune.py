@@ -60,6 +60,7 @@ FORMAT = 1
 CACHE_LIMIT = 1 << 26    # bytes of one kernel's tuning file: a larger one is not kgen's, and is ignored
 _PROGRESS_AFTER_S = 1.0
 _MISSING = object()
+_Tensor = torch.Tensor    # looked up once: call_key runs at every call
 
 
 @dataclass(frozen=True)
@@ -268,9 +269,7 @@ class Tuner:
                 return None              # the host function reports it
         else:
             try:
-                fast = tuple(map(_signature, args))
-                if kwargs:
-                    fast += tuple((k, _signature(v)) for k, v in kwargs.items() if k != "out")
+                fast = call_key(args, kwargs)
             except RuntimeError:   # a tensor torch has no sizes for (a nested one)
                 return None              # the host function reports it
         config = self.memory.get(fast, _MISSING)
@@ -373,10 +372,21 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-def _signature(value):
-    if isinstance(value, torch.Tensor):
-        return value.dtype, value.shape, value.stride(), value.get_device()
-    return type(value)
+def call_key(args, kwargs) -> tuple:
+    """A call's in-memory key: each tensor's dtype, sizes, strides and device, each other value's
+    type, and the keywords' names (``out=`` aside).  Flat and built in one loop, as it runs at every
+    call (a tuple of tuples from a function per argument took twice as long): a tensor's four
+    entries start with a torch.dtype, which no other entry is, so calls that differ keep apart."""
+    key: tuple = ()
+    for value in args:
+        key += (value.dtype, value.shape, value.stride(), value.get_device()) \
+            if isinstance(value, _Tensor) else (type(value),)
+    if kwargs:
+        for name, value in kwargs.items():
+            if name != "out":
+                key += (name, value.dtype, value.shape, value.stride(), value.get_device()) \
+                    if isinstance(value, _Tensor) else (name, type(value))
+    return key
 
 
 def _brief(config: dict) -> str:
