@@ -360,14 +360,10 @@ def softmax_looped_kernel(
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
             if INT64:
                 lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = True  # every column in the row
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
-            inner = mask
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
@@ -390,15 +386,11 @@ def softmax_looped_kernel(
             col_mask = (col < n_cols) | EVEN_N
             mask = row_mask & col_mask
             window = mask
-            inner = mask
             if SHIFT:
                 # whole 16-byte vectors: loads read every one the row touches, stores write those it fills
                 col_mask = (col >= 0) & (col < n_cols)
                 mask = row_mask & col_mask
                 window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
-                inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
-                edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
-                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
@@ -450,11 +442,8 @@ def softmax_looped_kernel(
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
-            col = lane - shift  # the row's columns
             if INT64:
                 lane = lane.to(tl.int64)
-                col = col.to(tl.int64)
-            col_mask = True  # every column in the row
             mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
             window = mask
             inner = mask

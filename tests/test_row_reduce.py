@@ -30,6 +30,8 @@ from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LO
                                       SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
                                       UNALIGNED_WIDE)
+from kgen.lower import Line
+from kgen.patterns.row_reduce import read_lanes
 from kgen.reference import evaluate
 
 from conftest import DEVICE, examples
@@ -748,6 +750,57 @@ def test_online_softmax_and_variance_take_one_sweep(name):
     source = spec_kernel(name).source
     body = source.split(f"def {name}_looped_kernel")[1].split("\ndef ")[0]
     assert body.count("for col0 in") == 2
+
+
+def test_read_lanes_keeps_what_the_chunk_reads():
+    """A lane line whose name nothing reads goes, and with it an ``if`` block left without
+    code (its comment too); a name that a kept line reads stays, however it is spelled
+    around it; names in comments are not reads."""
+    lanes = ("lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
+             "col = lane - shift  # the row's columns",
+             "if INT64:",
+             "    lane = lane.to(tl.int64)",
+             "    col = col.to(tl.int64)",
+             "col_mask = (col < n_cols) | EVEN_N",
+             "mask = row_mask & col_mask",
+             "inner = mask",
+             "if SHIFT:",
+             "    # inner and window: mask",
+             "    inner = tl.max_constancy(mask, [1, VEC])")
+    reads_mask = read_lanes(lanes, ["X = tl.load(X_ptr + lane, mask=mask)  # not inner"])
+    assert reads_mask == lanes[:7]
+    assert read_lanes(lanes, ["Y = tl.load(lane)"]) == (lanes[0], "if INT64:", lanes[3])
+    assert read_lanes(lanes, [Line("Y = X", ("tl.store(Y_ptr + lane, Y, mask=inner)",))]) == lanes
+
+
+def _loop_assignments_unread(source: str, kernel: str) -> dict[int, set[str]]:
+    """Per chunk loop of ``kernel`` (by line): the names it assigns that neither the loop nor
+    the code after it reads."""
+    import ast
+    tree = ast.parse(source)
+    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == kernel)
+    loads = [(n.lineno, n.id) for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    loops = [node for node in ast.walk(fn) if isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+             and node.target.id in ("col0", "end")]
+    unread = {}
+    for loop in loops:
+        stored = {n.id for node in loop.body for n in ast.walk(node)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        # read in the loop, or after it outside the other chunk loops (which assign their own)
+        read = {name for line, name in loads if loop.lineno <= line <= loop.end_lineno or line > loop.end_lineno
+                and not any(other.lineno <= line <= other.end_lineno for other in loops)}
+        unread[loop.lineno] = stored - read
+    return unread
+
+
+@pytest.mark.parametrize("text", [*(f"specs/{n}.k" for n in ("softmax", "log_softmax", "layernorm", "rmsnorm")),
+                                  "Y = X * W - max(X * W) + B", "s = sum(X); Y = X / s"])
+def test_chunk_loops_assign_only_what_they_read(text):
+    """The looped kernel's chunk loops print only the lane names and masks that their loads,
+    body and stores read (``read_lanes``): no ``col``, ``inner`` or ``edges`` left unused."""
+    kernel = kgen.compile(text)
+    unread = _loop_assignments_unread(kernel.source, f"{kernel.name}_looped_kernel")
+    assert unread and not any(unread.values()), unread
 
 
 @pytest.mark.parametrize("make", [lambda: spec_kernel("layernorm"),

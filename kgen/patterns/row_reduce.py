@@ -116,6 +116,8 @@ Knobs (the thresholds are ``row_tiling``'s constants, measured on GPUs):
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -186,6 +188,46 @@ END_LANES = _LANES + (
 # layout that ran every lane in every thread)
 END_COUNT = ("chunk_cols = tl.maximum(tl.minimum(lane0 - shift + BLOCK_N, n_cols) - tl.maximum(lane0 - shift, 0), 0)",
              "chunk_cols = chunk_cols.to(tl.float32)")
+
+
+_ASSIGNS = re.compile(r"\s*([A-Za-z_]\w*) = ")
+
+
+def read_lanes(lanes: tuple[str, ...], rest: list) -> tuple[str, ...]:
+    """The lane lines that the chunk's other code (``rest``: strings and Lines) reads: the
+    assignments of a name that nothing else reads go, then ``if`` blocks left with no code,
+    until none changes, so that a chunk prints only the masks it uses (one whose body
+    reads no column prints no ``col``).  Reads are whole words outside comments."""
+    others = " ".join(code.split("#")[0] for item in rest
+                      for code in (item.code if isinstance(item, Line) else (item,)))
+    lines = list(lanes)
+    while True:
+        assigned = [m.group(1) if (m := _ASSIGNS.match(line)) else None for line in lines]
+        reads = [line.split("#")[0].split(" = ", 1)[-1] for line in lines]   # a line's right side
+
+        def read(name: str) -> bool:
+            text = " ".join(r for r, a in zip(reads, assigned) if a != name)
+            return re.search(rf"\b{name}\b", f"{others} {text}") is not None
+        kept = [line for line, name in zip(lines, assigned) if name is None or read(name)]
+        kept = [line for i, line in enumerate(kept)
+                if not line.lstrip().startswith(("if ", "#")) or _block_has_code(kept, i)]
+        if kept == lines:
+            return tuple(lines)
+        lines = kept
+
+
+def _block_has_code(lines: list[str], i: int) -> bool:
+    """Whether the ``if`` (or comment) at ``lines[i]`` heads or sits in a block with code: a
+    header needs a deeper line of code after it, a comment a line of code at its own depth."""
+    depth = len(lines[i]) - len(lines[i].lstrip())
+    header = not lines[i].lstrip().startswith("#")
+    for line in lines[i + 1:]:
+        level = len(line) - len(line.lstrip())
+        if level < depth or (header and level == depth):
+            return False
+        if not line.lstrip().startswith("#"):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -307,8 +349,10 @@ class Sweep:
         inner = "for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):"
         ends = "for end in tl.range(0, n_ends, num_stages=1):"
         stores = self.stores + self.edge_stores
-        inner_lanes, end_lanes = self.lanes
         whole = self.body if self.whole_body is None else self.whole_body
+        after = [*self.after, *self.whole_after]
+        inner_lanes = read_lanes(self.lanes[0], [*self.loads, *whole, *self.stores, *after])
+        end_lanes = read_lanes(self.lanes[1], [*self.loads, *self.body, *stores, *after])
         if not self.backward:
             return (ChunkLoop(inner, ("lane0 = col0",), inner_lanes, whole, self.stores, self.whole_after),
                     ChunkLoop(ends, ("# the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on",
