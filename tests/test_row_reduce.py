@@ -27,7 +27,7 @@ from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
                                       SHIFTED_F32_FILL, SHIFTED_F32_FILL_LANES,
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
-                                      SHORT_ROW, SHORTEST_CHUNK_N, STRAIGHT_MAX_BLOCK_N,
+                                      SHORT_ROW, SHORTEST_CHUNK_N, SHORTEST_ROW, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
                                       UNALIGNED_WIDE)
 from kgen.lower import Line
@@ -287,7 +287,8 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
     past SHIFTED_MAX_BLOCK_N columns (f32 ones where the block would be SHIFTED_F32_FILL full at
-    most, SHIFTED_F32_FILL_LANES for layernorm), in short chunks up to SHORT_ROW, a program a row
+    most, SHIFTED_F32_FILL_LANES for layernorm), in short chunks up to SHORT_ROW (shortest up to
+    SHORTEST_ROW), a program a row
     with no pipeline and no register cap up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM
     capped at LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay
     on chip.
@@ -326,10 +327,10 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
         else:   # every row here that does not stay on chip is odd: shifted
             assert options["SHIFT"], (dtype, n)
             if dtype == torch.float16 and n <= SHORT_ROW:
-                short = SHORTEST_CHUNK_N if n <= 2 * SHIFTED_MAX_BLOCK_N else SHORT_CHUNK_N
+                short = SHORTEST_CHUNK_N if n <= SHORTEST_ROW else SHORT_CHUNK_N
                 short = LANES_SHORT_BYTES // 2 if name == "layernorm" else short
                 assert (options["BLOCK_N"], options["num_warps"]) == (short, 4), n
-            if dtype == torch.float32 and n <= 2 * SHIFTED_MAX_BLOCK_N:
+            if dtype == torch.float32 and n <= SHORTEST_ROW:
                 short = (LANES_SHORT_BYTES // 4, 4) if name == "layernorm" else (SHORT_CHUNK_N, 8)
                 assert (options["BLOCK_N"], options["num_warps"]) == short, n
             held = n <= MAX_BLOCK_N

@@ -83,8 +83,9 @@ NARROW_CHUNK_N = 4096
 # 8; layernorm 1710-1870 with 1024 and 4 warps, 1520-1780 with 2048, 1080-1480 with 4096 and 8)
 SHORT_ROW = 16384
 SHORT_CHUNK_N = 2048
-# ... and those up to SHIFTED_MAX_BLOCK_N * 2 columns chunks of SHORTEST_CHUNK_N with 4 warps (on an
-# H100, f16 softmax from 5003 to 8191 columns: 1780-1930 GB/s, 1580-1860 with 2048 columns)
+# ... and those up to SHORTEST_ROW columns chunks of SHORTEST_CHUNK_N with 4 warps (on an H100,
+# f16 softmax from 5003 to 8191 columns: 1780-1930 GB/s, 1580-1860 with 2048 columns)
+SHORTEST_ROW = 8192
 SHORTEST_CHUNK_N = 1024
 LANES_SHORT_BYTES = 2048
 # looped registers per thread, at most: 32 warps resident per SM whatever ptxas would take
@@ -281,9 +282,9 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
         if short != narrow:
             tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
         if shortest != short:
-            tiers.insert(0, (f"n_cols <= {2 * SHIFTED_MAX_BLOCK_N}", shortest))
-    elif short != narrow:     # ... f32 ones at some widths only: short chunks up to twice it
-        tiers.insert(0, (f"n_cols <= {2 * SHIFTED_MAX_BLOCK_N}", short))
+            tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", shortest))
+    elif short != narrow:     # ... f32 ones at some widths only: short chunks up to SHORTEST_ROW
+        tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
     lines = []
     for test, (n, w) in tiers:
         lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
