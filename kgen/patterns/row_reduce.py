@@ -74,7 +74,9 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   1040 to 1410, f32 rmsnorm at 32001 from 1950 to 2330.  ``LOOPED_PER_SM`` programs an SM
   walk the rows, but for rows that loop only because they are shifted (up to ``MAX_BLOCK_N``
   columns: 16-bit ones from ``SHIFTED_MAX_BLOCK_N``, f32 ones where the block on chip would be
-  part empty, ``SHIFTED_F32_FILL``): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES).
+  part empty, ``SHIFTED_F32_FILL``): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES);
+  16-bit rows of an odd width whose sweeps keep Welford lanes (layernorm) loop from
+  ``ODD_LANES_FROM`` columns, two rows a program in short chunks (``ODD_LANES_*``).
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 32768
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
@@ -449,14 +451,15 @@ class RowReducePlan:
             if self.tiling.shift_fill:
                 part, whole = self.tiling.shift_fill
                 fill = f" and {whole} * n_cols <= {part} * BLOCK_N"
-            return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec}{fill})"
+            odd = "" if self.tiling.odd_from is None else f" or BLOCK_N > {self.tiling.odd_from} and ROW_VEC == 1"
+            return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec}{fill}{odd})"
         return wide
 
     @property
     def shift(self) -> tuple[str, ...]:
         """The host's SHIFT: the widths, then the operands' test (two lines where the widths
-        test the block's fill too, which makes them long)."""
-        if self.tiling.shift_fill is None:
+        test the block's fill or odd widths too, which makes them long)."""
+        if self.tiling.shift_fill is None and self.tiling.odd_from is None:
             return (f"SHIFT = {self.shift_when} and {self.shift_test}",)
         return (f"SHIFT = {self.shift_when}", f"SHIFT = SHIFT and {self.shift_test}")
 

@@ -115,6 +115,19 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 # +2-21%, log-softmax -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001
 # columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
 HELD_SHIFTED_STAGES = 1
+# 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels whose sweeps
+# keep Welford lanes (layernorm) loop, shifted, past ODD_LANES_FROM columns, up to ODD_LANES_TO,
+# ODD_LANES_ROWS rows a program in chunks of ODD_LANES_CHUNK_N columns with ODD_LANES_WARPS warps,
+# LOOPED_PER_SM programs an SM (on an H100, kernel time, M = 4096, f16 layernorm against the rows
+# on chip to 4096 columns and looped a program a row in chunks of 1024 past it: at 2049, 2301,
+# 3001, 4095, 4097, 5003 and 6001 columns +39%, +27%, +24%, +5%, +17%, +4% and +1%, e.g. 1206 ->
+# 1495 GB/s at 3001, bf16 there +25%; at 7001 and 8191 -3%; rmsnorm gained from 2049 to 3001
+# columns but lost up to 16% from 4001, softmax lost 6% at 3001)
+ODD_LANES_FROM = 2048
+ODD_LANES_TO = 6144
+ODD_LANES_CHUNK_N = 256
+ODD_LANES_ROWS = 2
+ODD_LANES_WARPS = 4
 # split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
 # programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
 # where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
@@ -141,10 +154,10 @@ class Tiling:
     unaligned_warps: str    # host expression of NUM_WARPS for rows not in whole vectors, or "" (warps fixed)
     warps: str
     narrower: str           # host expression of launch_rows's narrower for the on-chip kernel, or ""
-    looped_block: tuple[str, ...]   # host lines that set BLOCK_N and NUM_WARPS, looped ...
-    looped_launch: tuple[str, ...]  # ... and PER_SM and the launch options
+    looped: tuple[str, ...]     # host lines that set BLOCK_N, NUM_WARPS, PER_SM and the options, looped
     split_warps: str        # host expression of SPLIT
     split_warps_per_sm: int
+    odd_from: int | None = None     # 16-bit rows of an odd width shift past it (see ODD_LANES_FROM)
 
     @property
     def on_chip(self) -> str:
@@ -158,6 +171,9 @@ class Tiling:
         """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
         if self.shift_from >= self.max_block:
             return ()
+        if self.shift_fill is None and self.odd_from is not None:
+            return (f"(16-bit rows from {self.shift_from + 1} columns too, and of an odd width from "
+                    f"{self.odd_from + 1}, where on chip", "they would load an element at a time)")
         if self.shift_fill is None:
             return (f"(16-bit rows from {self.shift_from + 1} columns too, where on chip they would load an "
                     "element at a time)",)
@@ -230,6 +246,11 @@ def tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
     fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes else SHIFTED_F32_FILL
+    odd = lanes and row_bytes(kir) < 4 and not values and shift_from < widest
+    looped = _looped_block(block, warps, chunk, kir, lanes) + \
+        _looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None)
+    if odd:
+        looped = _odd_lanes(vec) + tuple(f"    {line}" for line in looped)
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
@@ -239,9 +260,21 @@ def tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
         unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N,
         unaligned_warps="" if warps is not None else
         f"max(NUM_WARPS, {UNALIGNED_WARPS[0]} if BLOCK_N <= {UNALIGNED_WIDE} else {UNALIGNED_WARPS[1]})",
-        warps=text, narrower=narrower, looped_block=_looped_block(block, warps, chunk, kir, lanes),
-        looped_launch=_looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None),
-        split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM)
+        warps=text, narrower=narrower, looped=looped,
+        split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM,
+        odd_from=ODD_LANES_FROM if odd else None)
+
+
+def _odd_lanes(vec: int) -> tuple[str, ...]:
+    """The looped kernel's tiles, warps and launch for rows of an odd width (see ODD_LANES_FROM),
+    then the ``else:`` of the others."""
+    return (f"if SHIFT and ROW_VEC == 1 and n_cols <= {ODD_LANES_TO}:",
+            f"    # an odd width: {ODD_LANES_ROWS} rows a program, short chunks",
+            f"    BLOCK_ROWS = min({ODD_LANES_ROWS}, _next_pow2(n_rows))",
+            f"    BLOCK_N, NUM_WARPS = {ODD_LANES_CHUNK_N}, {ODD_LANES_WARPS}",
+            f"    PER_SM = {LOOPED_PER_SM}",
+            f"    options = dict(NUM_STAGES={LOOPED_STAGES}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})",
+            "else:")
 
 
 def _looped_launch(stages: int, vec: int, held: int | None) -> tuple[str, ...]:
