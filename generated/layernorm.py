@@ -547,6 +547,7 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
             BLOCK_ROWS = min(2, _next_pow2(n_rows))
             BLOCK_N, NUM_WARPS = 256, 4
             PER_SM = 8
+            # at most 64 registers a thread: 32 warps fit an SM
             options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
         else:
             if n_cols <= 16384:

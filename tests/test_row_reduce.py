@@ -12,6 +12,7 @@ bf16 runs only where CUDA is.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import math
 from pathlib import Path
@@ -811,7 +812,6 @@ def test_read_lanes_keeps_what_the_chunk_reads():
 def _loop_assignments_unread(source: str, kernel: str) -> dict[int, set[str]]:
     """Per chunk loop of ``kernel`` (by line): the names it assigns that neither the loop nor
     the code after it reads."""
-    import ast
     tree = ast.parse(source)
     fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == kernel)
     loads = [(n.lineno, n.id) for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]

@@ -272,17 +272,21 @@ def _odd_lanes(vec: int) -> tuple[str, ...]:
             f"    # an odd width: {ODD_LANES_ROWS} rows a program, short chunks",
             f"    BLOCK_ROWS = min({ODD_LANES_ROWS}, _next_pow2(n_rows))",
             f"    BLOCK_N, NUM_WARPS = {ODD_LANES_CHUNK_N}, {ODD_LANES_WARPS}",
-            f"    PER_SM = {LOOPED_PER_SM}",
-            f"    options = dict(NUM_STAGES={LOOPED_STAGES}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})",
+            *(f"    {line}" for line in _persistent(LOOPED_STAGES, vec)),
             "else:")
+
+
+def _persistent(stages: int, vec: int) -> tuple[str, ...]:
+    """The host lines of a looped launch that LOOPED_PER_SM programs an SM walk."""
+    return (f"PER_SM = {LOOPED_PER_SM}",
+            f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
+            f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
 
 
 def _looped_launch(stages: int, vec: int, held: int | None) -> tuple[str, ...]:
     """The host lines that set PER_SM and the looped kernel's options (SHIFT, VEC and the
     stages); ``held``: the widest row on chip, where shifted rows up to it launch a program a row."""
-    persistent = (f"PER_SM = {LOOPED_PER_SM}",
-                  f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
-                  f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
+    persistent = _persistent(stages, vec)
     if held is None:
         return persistent
     return (f"if n_cols <= {held}:",
