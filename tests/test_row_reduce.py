@@ -838,6 +838,21 @@ def test_chunk_loops_assign_only_what_they_read(text):
     assert unread and not any(unread.values()), unread
 
 
+@pytest.mark.parametrize("text", [*(f"specs/{n}.k" for n in ("softmax", "log_softmax", "layernorm", "rmsnorm")),
+                                  "d = X - mean(X); Y = X * rsqrt(mean(d * d) + 1e-5)",
+                                  "s = sum(X); Y = X - mean(X) + s"])
+def test_looped_kernel_reads_every_name_it_assigns(text):
+    """No value after a sweep goes unread (``_read_finals``): a mean whose only use is in its
+    variance is merged chunk by chunk, and no ``mean = total / n_cols`` follows."""
+    kernel = kgen.compile(text)
+    tree = ast.parse(kernel.source)
+    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
+              and node.name == f"{kernel.name}_looped_kernel")
+    names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
+    stored = {n.id for n in names if isinstance(n.ctx, ast.Store)}
+    assert stored and stored <= {n.id for n in names if isinstance(n.ctx, ast.Load)}
+
+
 @pytest.mark.parametrize("make", [lambda: spec_kernel("layernorm"),
                                   lambda: kgen.compile("var = sum((X - mean(X)) ** 2); Y = X * var")],
                          ids=["layernorm", "sum_of_squares"])

@@ -218,6 +218,27 @@ def read_lanes(lanes: tuple[str, ...], rest: list) -> tuple[str, ...]:
         lines = kept
 
 
+def _read_finals(sweeps: list[Sweep]) -> list[Sweep]:
+    """The sweeps with each final value after a sweep kept only where later code reads it: a
+    mean whose only use is in its variance (``d = X - mean(X)``, then ``mean(d * d)``) is
+    merged chunk by chunk and never needed whole."""
+    later: list[str] = []
+    kept_sweeps = []
+    for sweep in reversed(sweeps):
+        after = []
+        for line in reversed(sweep.after):
+            code = [c for c in line.code
+                    if not (m := _ASSIGNS.match(c)) or re.search(rf"\b{m.group(1)}\b", " ".join(later))]
+            later += [c.split("#")[0] for c in code]
+            if code:
+                after.insert(0, Line(line.comment, tuple(code)))
+        later += [code.split("#")[0] for item in (*sweep.before, *sweep.loads, *sweep.body, *sweep.stores,
+                                                  *sweep.edge_stores, *(sweep.whole_body or ()), *sweep.whole_after)
+                  for code in (item.code if isinstance(item, Line) else (item,))]
+        kept_sweeps.insert(0, replace(sweep, after=tuple(after)))
+    return kept_sweeps
+
+
 def _block_has_code(lines: list[str], i: int) -> bool:
     """Whether the ``if`` (or comment) at ``lines[i]`` heads or sits in a block with code: a
     header needs a deeper line of code after it, a comment a line of code at its own depth."""
@@ -838,7 +859,7 @@ class _Planner:
         last_backward = set(sweeps[-1].loads) <= earlier
         for turn, i in enumerate(reversed(looping)):
             sweeps[i] = replace(sweeps[i], backward=(turn % 2 == 0) == last_backward)
-        return sweeps, exchanges
+        return _read_finals(sweeps), exchanges
 
     def split(self, sweeps: list[Sweep], exchanges: list[Exchange]) -> Split | None:
         """The split-row kernel, for a spec whose reductions take one sweep (softmax,
