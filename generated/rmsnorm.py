@@ -470,8 +470,10 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     ROW_VEC = _row_vec(n_cols, X, Y)
     # rows too wide to hold and not 16-byte aligned (or not provably: a width or stride that is
     # not a multiple of 16): the looped kernels start their chunks on 16-byte boundaries
-    # (16-bit rows from 4097 columns too, where on chip they would load an element at a time)
-    SHIFT = (BLOCK_N > 32768 or BLOCK_N > 4096 and ROW_VEC < 8) and _shift_rows(8, n_cols, X, Y)
+    # (16-bit rows from 4097 columns too, and of an odd width from 2049 to 3584, where on chip
+    # they would load an element at a time)
+    SHIFT = (BLOCK_N > 32768 or BLOCK_N > 4096 and ROW_VEC < 8 or BLOCK_N > 2048 and ROW_VEC == 1 and n_cols <= 3584)
+    SHIFT = SHIFT and _shift_rows(8, n_cols, X, Y)
     if BLOCK_N <= 32768 and not SHIFT:
         # the row fits on chip: one tile per program, several rows to a tile when they are narrow
         kernel, BLOCK_ROWS = rmsnorm_kernel, min(max(2048 // BLOCK_N, 1), _next_pow2(n_rows))
@@ -485,21 +487,29 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     else:
         # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
-        if n_cols <= 8192:
-            BLOCK_N, NUM_WARPS = 1024, 4
-        elif n_cols <= 16384:
-            BLOCK_N, NUM_WARPS = 2048, 4
-        elif n_cols < 65536:
-            BLOCK_N, NUM_WARPS = 4096, 8
-        else:
-            BLOCK_N, NUM_WARPS = 8192, 16
-        if n_cols <= 32768:
-            # shifted, though narrow enough to hold: a program a row, all of it in flight
-            PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
-        else:
+        if SHIFT and ROW_VEC == 1 and n_cols <= 3584:
+            # an odd width: 2 rows a program, short chunks
+            BLOCK_ROWS = min(2, _next_pow2(n_rows))
+            BLOCK_N, NUM_WARPS = 256, 4
             PER_SM = 8
             # at most 64 registers a thread: 32 warps fit an SM
             options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
+        else:
+            if n_cols <= 8192:
+                BLOCK_N, NUM_WARPS = 1024, 4
+            elif n_cols <= 16384:
+                BLOCK_N, NUM_WARPS = 2048, 4
+            elif n_cols < 65536:
+                BLOCK_N, NUM_WARPS = 4096, 8
+            else:
+                BLOCK_N, NUM_WARPS = 8192, 16
+            if n_cols <= 32768:
+                # shifted, though narrow enough to hold: a program a row, all of it in flight
+                PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
+            else:
+                PER_SM = 8
+                # at most 64 registers a thread: 32 warps fit an SM
+                options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, eps, Y,
         n_rows, n_cols,

@@ -30,8 +30,8 @@ from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LO
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, SHORTEST_ROW, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
-                                      UNALIGNED_WIDE, ODD_LANES_CHUNK_N, ODD_LANES_FROM, ODD_LANES_ROWS,
-                                      ODD_LANES_TO, ODD_LANES_WARPS)
+                                      UNALIGNED_WIDE, ODD_CHUNK_N, ODD_FROM, ODD_ROWS, ODD_LANES_TO,
+                                      ODD_SUMS_TO, ODD_WARPS)
 from kgen.lower import Line
 from kgen.patterns.row_reduce import read_lanes
 from kgen.reference import evaluate
@@ -296,8 +296,8 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     on chip.
     Rows not in whole vectors run straight-line code, with at least UNALIGNED_WARPS warps past
     UNALIGNED_FROM columns, up to UNALIGNED_STRAIGHT_MAX_BLOCK_N; the others, and wider ones, a
-    tile loop past STRAIGHT_MAX_BLOCK_N.  Layernorm's 16-bit rows of an odd width loop from
-    ODD_LANES_FROM columns."""
+    tile loop past STRAIGHT_MAX_BLOCK_N.  The norms' 16-bit rows of an odd width loop from
+    ODD_FROM columns."""
     f16, f32 = torch.float16, torch.float32
     part, whole = SHIFTED_F32_FILL_LANES if name == "layernorm" else SHIFTED_F32_FILL
     fill = 2 * SHIFTED_MAX_BLOCK_N * part // whole   # the widest row that fills a block of 8192 so far
@@ -312,9 +312,10 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
                             (f32, 1001, UNALIGNED_WARPS[0]), (f32, 16384, 16), (f32, 20000, 32),
                             (f32, 20001, None), (f32, 24001, 32 if name == "softmax" else None),
                             (f32, 30001, 32), (f32, MAX_BLOCK_N + 1, None)):
-        odd = name == "layernorm" and dtype == f16 and n % 2 and ODD_LANES_FROM < n <= ODD_LANES_TO
+        odd_to = {"layernorm": ODD_LANES_TO, "rmsnorm": ODD_SUMS_TO}.get(name, 0)
+        odd = dtype == f16 and n % 2 and ODD_FROM < n <= odd_to
         if odd:
-            warps = None   # odd tiles: test_odd_width_layernorm_rows_loop_two_a_program
+            warps = None   # odd tiles: test_odd_width_norm_rows_loop_two_a_program
         kernel = spec_kernel(name, None, None, {torch.float32: "f32", torch.float16: "f16"}[dtype])
         launches = Launches(kernel.module, monkeypatch)
         g = torch.Generator().manual_seed(n)
@@ -331,7 +332,7 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
             loop = block > STRAIGHT_MAX_BLOCK_N and (whole or block > UNALIGNED_STRAIGHT_MAX_BLOCK_N)
             assert options["TILE_LOOP"] == loop, (dtype, n)
         elif odd:
-            assert (options["SHIFT"], options["BLOCK_ROWS"], options["BLOCK_N"]) == (True, 2, ODD_LANES_CHUNK_N), n
+            assert (options["SHIFT"], options["BLOCK_ROWS"], options["BLOCK_N"]) == (True, 2, ODD_CHUNK_N), n
         else:   # every row here that does not stay on chip is odd: shifted
             assert options["SHIFT"], (dtype, n)
             if dtype == torch.float16 and n <= SHORT_ROW:
@@ -604,29 +605,49 @@ def test_shifted_rows_match_torch(name, dtype, n, out, monkeypatch):
 
 
 @pytest.mark.parametrize("name, n, strided, odd", [
-    ("layernorm", ODD_LANES_FROM + 1, False, True), ("layernorm", 3001, True, True),
-    ("layernorm", ODD_LANES_TO - 1, False, True), ("layernorm", ODD_LANES_FROM - 1, False, False),
+    ("layernorm", ODD_FROM + 1, False, True), ("layernorm", 3001, True, True),
+    ("layernorm", ODD_LANES_TO - 1, False, True), ("layernorm", ODD_FROM - 1, False, False),
     ("layernorm", 3000, False, False), ("layernorm", 3002, False, False), ("layernorm", ODD_LANES_TO + 1, False, False),
-    ("rmsnorm", 3001, False, False), ("softmax", 3001, False, False)])
-def test_odd_width_layernorm_rows_loop_two_a_program(name, n, strided, odd, monkeypatch):
-    """Layernorm's 16-bit rows of an odd width (loaded an element at a time on chip) from
-    ODD_LANES_FROM to ODD_LANES_TO columns loop, shifted, ODD_LANES_ROWS rows a program in chunks
-    of ODD_LANES_CHUNK_N with ODD_LANES_WARPS warps, LOOPED_PER_SM programs an SM; narrower rows,
-    rows in vectors of 4 or 8 bytes, wider ones, other specs and a schedule keep their tiles; each
-    matches the float64 reference, rows with -inf or zeros over half their columns too."""
+    ("rmsnorm", ODD_FROM + 1, True, True), ("rmsnorm", ODD_SUMS_TO - 1, False, True),
+    ("rmsnorm", ODD_SUMS_TO + 1, False, False), ("rmsnorm", 3002, False, False), ("softmax", 3001, False, False)])
+def test_odd_width_norm_rows_loop_two_a_program(name, n, strided, odd, monkeypatch):
+    """The norms' 16-bit rows of an odd width (loaded an element at a time on chip) from
+    ODD_FROM columns, to ODD_LANES_TO for layernorm and ODD_SUMS_TO for rmsnorm, loop, shifted,
+    ODD_ROWS rows a program in chunks of ODD_CHUNK_N with ODD_WARPS warps, LOOPED_PER_SM programs
+    an SM; narrower rows, rows in vectors of 4 or 8 bytes, wider ones, softmax (its running max)
+    and a schedule keep their tiles; each matches the float64 reference, rows with -inf or zeros
+    over half their columns too."""
     kernel = spec_kernel(name, None, None, "f16")
     launches = Launches(kernel.module, monkeypatch)
     args, got = run_half_masked_rows(kernel, name, torch.float16, 5, n, 1, "strided" if strided else "new")
     options = launches.options[0]
     tiles = (launches.per_sm[0], options["BLOCK_ROWS"], options["BLOCK_N"], options["num_warps"])
-    assert (tiles == (LOOPED_PER_SM, ODD_LANES_ROWS, ODD_LANES_CHUNK_N, ODD_LANES_WARPS)) == odd, tiles
+    assert (tiles == (LOOPED_PER_SM, ODD_ROWS, ODD_CHUNK_N, ODD_WARPS)) == odd, tiles
     if odd:
-        assert launches.kernels == [kernel.module.layernorm_looped_kernel] and options["SHIFT"]
-        scheduled = kgen.compile((SPECS / "layernorm.k").read_text() + "\nschedule layernorm {\n    num_warps = 8\n}\n")
+        assert launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")] and options["SHIFT"]
+        scheduled = kgen.compile((SPECS / f"{name}.k").read_text() + f"\nschedule {name} {{\n    num_warps = 8\n}}\n")
         launches = Launches(scheduled.module, monkeypatch)
         scheduled(**args)
         assert (launches.options[0]["BLOCK_ROWS"], launches.options[0]["num_warps"]) == (1, 8)
     check_against_reference(kernel, got, args, n, f"{name} f16 N={n}")
+
+
+def _f16_kernel(params: str, body: str) -> str:
+    return f"kernel k({params}) -> Y: f16[M, N] {{\n    {body}\n}}\n"
+
+
+@pytest.mark.parametrize("text, odd", [
+    ("specs/layernorm.k", True), ("specs/rmsnorm.k", True),
+    (_f16_kernel("X: f16[M, N], W: f16[N]", "Y = X * W / sum(X * X)"), True),
+    (_f16_kernel("X: f16[M, N]", "Y = (X - mean(X)) * rsqrt(mean((X - mean(X)) * (X - mean(X))) + 1e-5)"), False),
+    (_f16_kernel("X: f16[M, N]", "Y = X / sum(X * X)"), False), ("specs/softmax.k", False),
+    (_f16_kernel("X: f16[M, N], W: f16[N]", "Y = X * W - max(X)"), False)])
+def test_odd_width_tiles_only_where_rows_share_a_weight(text, odd):
+    """The odd-width tiles (two rows a program) are for 16-bit norms, sums scaled by a weight
+    along the row that a program's rows load once: without a weight, or with a max, the rows
+    keep the tiles of the other widths."""
+    kernel = kgen.compile(text)
+    assert ("# an odd width: " in kernel.source) == odd
 
 
 HELD_CASES = [("softmax", "f16", SHIFTED_MAX_BLOCK_N + 1), ("log_softmax", "f16", 2 * SHIFTED_MAX_BLOCK_N + 1),

@@ -75,8 +75,8 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   walk the rows, but for rows that loop only because they are shifted (up to ``MAX_BLOCK_N``
   columns: 16-bit ones from ``SHIFTED_MAX_BLOCK_N``, f32 ones where the block on chip would be
   part empty, ``SHIFTED_F32_FILL``): a program a row, no pipeline, no cap (HELD_SHIFTED_STAGES);
-  16-bit rows of an odd width whose sweeps keep Welford lanes (layernorm) loop from
-  ``ODD_LANES_FROM`` columns, two rows a program in short chunks (``ODD_LANES_*``).
+  16-bit rows of an odd width in the norms (sums scaled by a weight) loop from ``ODD_FROM``
+  columns, two rows a program in short chunks (``ODD_*``).
 * **split rows** (``<name>_split_kernel``), for f32 rows wider than 32768
   when the reductions take one sweep (softmax, log-softmax, rmsnorm; not
   layernorm, whose one-pass variance ran faster looped) and the rows are not
@@ -472,7 +472,11 @@ class RowReducePlan:
             if self.tiling.shift_fill:
                 part, whole = self.tiling.shift_fill
                 fill = f" and {whole} * n_cols <= {part} * BLOCK_N"
-            odd = "" if self.tiling.odd_from is None else f" or BLOCK_N > {self.tiling.odd_from} and ROW_VEC == 1"
+            odd = ""
+            if self.tiling.odd is not None:
+                start, end = self.tiling.odd
+                upto = f" and n_cols <= {end}" if end < self.tiling.shift_from else ""
+                odd = f" or BLOCK_N > {start} and ROW_VEC == 1{upto}"
             return f"({wide} or BLOCK_N > {self.tiling.shift_from} and ROW_VEC < {self.vec}{fill}{odd})"
         return wide
 
@@ -480,7 +484,7 @@ class RowReducePlan:
     def shift(self) -> tuple[str, ...]:
         """The host's SHIFT: the widths, then the operands' test (two lines where the widths
         test the block's fill or odd widths too, which makes them long)."""
-        if self.tiling.shift_fill is None and self.tiling.odd_from is None:
+        if self.tiling.shift_fill is None and self.tiling.odd is None:
             return (f"SHIFT = {self.shift_when} and {self.shift_test}",)
         return (f"SHIFT = {self.shift_when}", f"SHIFT = SHIFT and {self.shift_test}")
 
@@ -716,7 +720,8 @@ class _Planner:
             uniform_loads=tuple(o.load() for o in uniform),
             sweeps=tuple(sweeps),
             split=split,
-            tiling=tiling(kir, vec, lanes=any(s.counted for s in sweeps)),
+            tiling=tiling(kir, vec, lanes=any(s.counted for s in sweeps),
+                          sums=all(r.op in (Op.SUM, Op.MEAN) for r in self.reductions)),
         )
 
     def operand(self, name: str, shape: Shape, cast: str, other: str) -> Operand:

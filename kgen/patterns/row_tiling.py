@@ -115,19 +115,23 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 # +2-21%, log-softmax -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001
 # columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
 HELD_SHIFTED_STAGES = 1
-# 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels whose sweeps
-# keep Welford lanes (layernorm) loop, shifted, past ODD_LANES_FROM columns, up to ODD_LANES_TO,
-# ODD_LANES_ROWS rows a program in chunks of ODD_LANES_CHUNK_N columns with ODD_LANES_WARPS warps,
-# LOOPED_PER_SM programs an SM (on an H100, kernel time, M = 4096, f16 layernorm against the rows
-# on chip to 4096 columns and looped a program a row in chunks of 1024 past it: at 2049, 2301,
-# 3001, 4095, 4097, 5003 and 6001 columns +39%, +27%, +24%, +5%, +17%, +4% and +1%, e.g. 1206 ->
-# 1495 GB/s at 3001, bf16 there +25%; at 7001 and 8191 -3%; rmsnorm gained from 2049 to 3001
-# columns but lost up to 16% from 4001, softmax lost 6% at 3001)
-ODD_LANES_FROM = 2048
+# 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels that only sum
+# and scale by a weight along the row (a second operand of [..., N]) loop, shifted, past ODD_FROM
+# columns, ODD_ROWS rows a program in chunks of ODD_CHUNK_N columns with ODD_WARPS warps,
+# LOOPED_PER_SM programs an SM (a program's rows share the weight's loads): up to ODD_LANES_TO
+# columns where the sweeps keep Welford lanes (layernorm), up to ODD_SUMS_TO where they keep plain
+# sums (rmsnorm).  On an H100, kernel time, M = 4096, against the rows on chip to 4096 columns and
+# looped a program a row in chunks of 1024 past it: f16 layernorm at 2049, 2301, 3001, 4095, 4097,
+# 5003 and 6001 columns +39%, +27%, +24%, +5%, +17%, +4% and +1%, e.g. 1206 -> 1495 GB/s at 3001,
+# bf16 there +25%, at 7001 and 8191 -3%; f16 and bf16 rmsnorm +10-19% from 2049 to 3001, +2% at
+# 3583, but up to -16% from 4001.  Without a weight (``X / sum(X * X)``, layernorm without W and B)
+# they gained 12-13% at 2049 but lost 3-12% from 3001, softmax (its running max) 6% at 3001
+ODD_FROM = 2048
 ODD_LANES_TO = 6144
-ODD_LANES_CHUNK_N = 256
-ODD_LANES_ROWS = 2
-ODD_LANES_WARPS = 4
+ODD_SUMS_TO = 3584
+ODD_CHUNK_N = 256
+ODD_ROWS = 2
+ODD_WARPS = 4
 # split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
 # programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
 # where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
@@ -157,7 +161,7 @@ class Tiling:
     looped: tuple[str, ...]     # host lines that set BLOCK_N, NUM_WARPS, PER_SM and the options, looped
     split_warps: str        # host expression of SPLIT
     split_warps_per_sm: int
-    odd_from: int | None = None     # 16-bit rows of an odd width shift past it (see ODD_LANES_FROM)
+    odd: tuple[int, int] | None = None  # 16-bit rows of an odd width shift past odd[0], to odd[1] (ODD_FROM)
 
     @property
     def on_chip(self) -> str:
@@ -171,9 +175,11 @@ class Tiling:
         """What the host's SHIFT comment adds for shifted rows that would fit on chip."""
         if self.shift_from >= self.max_block:
             return ()
-        if self.shift_fill is None and self.odd_from is not None:
+        if self.shift_fill is None and self.odd is not None:
+            start, end = self.odd
+            upto = f" to {end}" if end < self.shift_from else ""
             return (f"(16-bit rows from {self.shift_from + 1} columns too, and of an odd width from "
-                    f"{self.odd_from + 1}, where on chip", "they would load an element at a time)")
+                    f"{start + 1}{upto}, where on chip", "they would load an element at a time)")
         if self.shift_fill is None:
             return (f"(16-bit rows from {self.shift_from + 1} columns too, where on chip they would load an "
                     "element at a time)",)
@@ -194,9 +200,10 @@ def row_bytes(kir: KernelIR) -> int:
     return max((dtype.bytes for dtype in along), default=4)
 
 
-def tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
+def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     """The tiles and warps of each kernel; ``vec``: the elements of a 16-byte vector of the
-    shifted rows; ``lanes``: a looped sweep keeps Welford lanes (see row_reduce._Planner.centered)."""
+    shifted rows; ``lanes``: a looped sweep keeps Welford lanes (see row_reduce._Planner.centered);
+    ``sums``: every reduction is a sum or a mean."""
     values: dict[str, int] = {}
     for key, candidates in kir.schedule.items():
         if key not in SCHEDULE_KEYS:
@@ -246,11 +253,13 @@ def tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
     fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes else SHIFTED_F32_FILL
-    odd = lanes and row_bytes(kir) < 4 and not values and shift_from < widest
+    odd_to = ODD_LANES_TO if lanes else ODD_SUMS_TO if sums else None
+    weighted = len(along_row(kir)) > 1
+    odd = odd_to is not None and weighted and row_bytes(kir) < 4 and not values and shift_from < widest
     looped = _looped_block(block, warps, chunk, kir, lanes) + \
         _looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None)
     if odd:
-        looped = _odd_lanes(vec) + tuple(f"    {line}" for line in looped)
+        looped = _odd_rows(vec, odd_to) + tuple(f"    {line}" for line in looped)
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
@@ -262,16 +271,16 @@ def tiling(kir: KernelIR, vec: int, lanes: bool) -> Tiling:
         f"max(NUM_WARPS, {UNALIGNED_WARPS[0]} if BLOCK_N <= {UNALIGNED_WIDE} else {UNALIGNED_WARPS[1]})",
         warps=text, narrower=narrower, looped=looped,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM,
-        odd_from=ODD_LANES_FROM if odd else None)
+        odd=(ODD_FROM, odd_to) if odd else None)
 
 
-def _odd_lanes(vec: int) -> tuple[str, ...]:
-    """The looped kernel's tiles, warps and launch for rows of an odd width (see ODD_LANES_FROM),
-    then the ``else:`` of the others."""
-    return (f"if SHIFT and ROW_VEC == 1 and n_cols <= {ODD_LANES_TO}:",
-            f"    # an odd width: {ODD_LANES_ROWS} rows a program, short chunks",
-            f"    BLOCK_ROWS = min({ODD_LANES_ROWS}, _next_pow2(n_rows))",
-            f"    BLOCK_N, NUM_WARPS = {ODD_LANES_CHUNK_N}, {ODD_LANES_WARPS}",
+def _odd_rows(vec: int, to: int) -> tuple[str, ...]:
+    """The looped kernel's tiles, warps and launch for rows of an odd width up to ``to``
+    columns (see ODD_FROM), then the ``else:`` of the others."""
+    return (f"if SHIFT and ROW_VEC == 1 and n_cols <= {to}:",
+            f"    # an odd width: {ODD_ROWS} rows a program, short chunks",
+            f"    BLOCK_ROWS = min({ODD_ROWS}, _next_pow2(n_rows))",
+            f"    BLOCK_N, NUM_WARPS = {ODD_CHUNK_N}, {ODD_WARPS}",
             *(f"    {line}" for line in _persistent(LOOPED_STAGES, vec)),
             "else:")
 
