@@ -641,6 +641,8 @@ def _f16_kernel(params: str, body: str) -> str:
     (_f16_kernel("X: f16[M, N], W: f16[N]", "Y = X * W / sum(X * X)"), True),
     (_f16_kernel("X: f16[M, N]", "Y = (X - mean(X)) * rsqrt(mean((X - mean(X)) * (X - mean(X))) + 1e-5)"), False),
     (_f16_kernel("X: f16[M, N]", "Y = X / sum(X * X)"), False), ("specs/softmax.k", False),
+    (_f16_kernel("X: f16[M, N], Z: f16[M, N]", "Y = X * Z / sum(X * X)"), False),
+    (_f16_kernel("X: f16[M, N], W: f16[1, N]", "Y = X * W / sum(X * X)"), True),
     (_f16_kernel("X: f16[M, N], W: f16[N]", "Y = X * W - max(X)"), False)])
 def test_odd_width_tiles_only_where_rows_share_a_weight(text, odd):
     """The odd-width tiles (two rows a program) are for 16-bit norms, sums scaled by a weight

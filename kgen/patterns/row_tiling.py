@@ -116,7 +116,7 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 # columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
 HELD_SHIFTED_STAGES = 1
 # 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels that only sum
-# and scale by a weight along the row (a second operand of [..., N]) loop, shifted, past ODD_FROM
+# and scale by a weight along the row (an operand of [N]) loop, shifted, past ODD_FROM
 # columns, ODD_ROWS rows a program in chunks of ODD_CHUNK_N columns with ODD_WARPS warps,
 # LOOPED_PER_SM programs an SM (a program's rows share the weight's loads): up to ODD_LANES_TO
 # columns where the sweeps keep Welford lanes (layernorm), up to ODD_SUMS_TO where they keep plain
@@ -193,6 +193,11 @@ def along_row(kir: KernelIR):
     return [p.dtype for p in kir.params if p.shape and p.shape[-1] != 1]
 
 
+def weighted(kir: KernelIR) -> bool:
+    """Whether an input is a weight along the row, the same for every row (``W: [N]``)."""
+    return any(p.shape and p.shape[-1] != 1 and all(d == 1 for d in p.shape[:-1]) for p in kir.params)
+
+
 def row_bytes(kir: KernelIR) -> int:
     """The widest element of a tensor that varies along the row (f32 rows: half the rows
     of f16 ones in a tile of TILE_BYTES)."""
@@ -254,8 +259,7 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
     fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes else SHIFTED_F32_FILL
     odd_to = ODD_LANES_TO if lanes else ODD_SUMS_TO if sums else None
-    weighted = len(along_row(kir)) > 1
-    odd = odd_to is not None and weighted and row_bytes(kir) < 4 and not values and shift_from < widest
+    odd = odd_to is not None and weighted(kir) and row_bytes(kir) < 4 and not values and shift_from < widest
     looped = _looped_block(block, warps, chunk, kir, lanes) + \
         _looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None)
     if odd:
