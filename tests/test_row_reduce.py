@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
-from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
+from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, HELD_WARPS, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
                                       SHIFTED_F32_FILL, SHIFTED_F32_FILL_LANES,
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, SHORTEST_ROW, STRAIGHT_MAX_BLOCK_N,
@@ -299,7 +299,7 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     tile loop past STRAIGHT_MAX_BLOCK_N.  The norms' 16-bit rows of an odd width loop from
     ODD_FROM columns."""
     f16, f32 = torch.float16, torch.float32
-    part, whole = SHIFTED_F32_FILL_LANES if name == "layernorm" else SHIFTED_F32_FILL
+    part, whole = SHIFTED_F32_FILL_LANES if name in ("layernorm", "rmsnorm") else SHIFTED_F32_FILL
     fill = 2 * SHIFTED_MAX_BLOCK_N * part // whole   # the widest row that fills a block of 8192 so far
     fill -= 1 - fill % 2                             # ... that is odd (not in whole vectors)
     for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
@@ -650,6 +650,23 @@ def test_odd_width_tiles_only_where_rows_share_a_weight(text, odd):
     keep the tiles of the other widths."""
     kernel = kgen.compile(text)
     assert ("# an odd width: " in kernel.source) == odd
+
+
+@pytest.mark.parametrize("name, n, held", [("rmsnorm", 6001, True), ("softmax", 6001, False), ("rmsnorm", 9001, True),
+                                           ("softmax", 17001, True), ("rmsnorm", 7001, False)])
+def test_f32_rows_held_in_at_most_held_warps(name, n, held, monkeypatch):
+    """f32 rows that loop only because they are shifted run a program a row in at most HELD_WARPS
+    warps (16 spilled); a weighted spec's rows (rmsnorm) loop so to 3/4 of the block on chip,
+    softmax's to 2/3; each matches the float64 reference."""
+    kernel = spec_kernel(name, None, None, "f32")
+    launches = Launches(kernel.module, monkeypatch)
+    args, got = run_half_masked_rows(kernel, name, torch.float32, 3, n, 1, "new")
+    looped = launches.kernels == [getattr(kernel.module, f"{name}_looped_kernel")]
+    assert looped == held, launches.kernels
+    if held:
+        warps = launches.options[0]["num_warps"]
+        assert launches.per_sm[0] is None and (warps == HELD_WARPS if n > SHORTEST_ROW else warps <= HELD_WARPS), warps
+    check_against_reference(kernel, got, args, n, f"{name} f32 N={n}")
 
 
 HELD_CASES = [("softmax", "f16", SHIFTED_MAX_BLOCK_N + 1), ("log_softmax", "f16", 2 * SHIFTED_MAX_BLOCK_N + 1),

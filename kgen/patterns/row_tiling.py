@@ -31,13 +31,20 @@ MAX_BLOCK_N = 32768
 # 1060-1410 -> 1500-1630, softmax 1400-1630 -> 1780-1860 to 6001, 1830-2070 -> 1830-1930 above)
 SHIFTED_MAX_BLOCK_N = 4096
 # ... and f32 ones past it where the block on chip would be SHIFTED_F32_FILL full at most, or
-# SHIFTED_F32_FILL_LANES where a looped sweep keeps Welford lanes (on an H100, kernel time, the
-# looped kernel a program a row against the on-chip one, M = 4096: at 4097, 5003 and 20001 columns
-# (half to 61% of the block) softmax, log-softmax and rmsnorm -2% to +16%, layernorm +22-29%; at
-# 6143, 12001 and 24001 (73-75%) layernorm +3-22%, the others -15% to +13%; at 8191 softmax 2890
-# GB/s on chip, 2310-2500 looped)
+# SHIFTED_F32_FILL_LANES where a looped sweep keeps Welford lanes or a weight scales the row (on
+# an H100, kernel time, the looped kernel a program a row against the on-chip one, M = 4096: at
+# 4097, 5003 and 20001 columns (half to 61% of the block) softmax, log-softmax and rmsnorm -2% to
+# +16%, layernorm +22-29%; at 6143, 12001 and 24001 (73-75%) layernorm +3-22%, the others -15% to
+# +13%; at 8191 softmax 2890 GB/s on chip, 2310-2500 looped) ...
 SHIFTED_F32_FILL = (2, 3)
 SHIFTED_F32_FILL_LANES = (3, 4)
+# (... the weighted ones: f32 rmsnorm at 6001, 12001 and 24001 columns, 73-75% of the block,
+# 2229 -> 2617, 2175 -> 2627 and 2064 -> 2471 GB/s, H100, 2026-11-27, its chunks as below)
+# Those rows, a program each, run in at most HELD_WARPS warps: f32 chunks of 4096 columns in 16
+# warps took 64 registers a thread and spilled (rmsnorm 10, softmax 6; H100, 2026-11-27, kernel
+# time, M = 4096, from 9001 to 20001 columns: rmsnorm +12-41%, 1720 -> 2429 GB/s at 9001,
+# softmax +6-12%, but log-softmax, with 2 spilled, -2-7%)
+HELD_WARPS = 8
 TILE_BYTES = 4096           # narrow rows: BLOCK_ROWS = TILE_BYTES // (BLOCK_N * widest row element)
 # (BLOCK_N up to, num_warps), on chip; the last row that applies stops at the widest row kept
 WARPS = ((256, 8), (1024, 2), (8192, 4), (16384, 16), (None, 32))
@@ -257,11 +264,11 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
-    fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes else SHIFTED_F32_FILL
+    fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes or weighted(kir) else SHIFTED_F32_FILL
     odd_to = ODD_LANES_TO if lanes else ODD_SUMS_TO if sums else None
     odd = odd_to is not None and weighted(kir) and row_bytes(kir) < 4 and not values and shift_from < widest
-    looped = _looped_block(block, warps, chunk, kir, lanes) + \
-        _looped_launch(looped_stages, vec, widest if shift_from < widest and stages is None else None)
+    held = widest if shift_from < widest and stages is None else None
+    looped = _looped_block(block, warps, chunk, kir, lanes, held) + _looped_launch(looped_stages, vec, held)
     if odd:
         looped = _odd_rows(vec, odd_to) + tuple(f"    {line}" for line in looped)
     return Tiling(
@@ -309,7 +316,7 @@ def _looped_launch(stages: int, vec: int, held: int | None) -> tuple[str, ...]:
 
 
 def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR,
-                  lanes: bool) -> tuple[str, ...]:
+                  lanes: bool, held: int | None) -> tuple[str, ...]:
     """The host lines that set BLOCK_N and NUM_WARPS of the looped kernel: narrower chunks on
     rows under WIDE_ROW, unless the schedule fixes the chunk or the warps."""
     if block is not None or warps is not None:
@@ -333,8 +340,11 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
             tiers.insert(0, (f"n_cols <= {SHORT_ROW}", short))
         if shortest != short:
             tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", shortest))
-    elif short != narrow:     # ... f32 ones at some widths only: short chunks up to SHORTEST_ROW
-        tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
+    else:
+        if held is not None and narrow[1] > HELD_WARPS:
+            tiers.insert(0, (f"n_cols <= {held}", (narrow[0], HELD_WARPS)))
+        if short != narrow:     # ... f32 ones at some widths only: short chunks up to SHORTEST_ROW
+            tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
     lines = []
     for test, (n, w) in tiers:
         lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
