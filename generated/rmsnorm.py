@@ -487,29 +487,25 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     else:
         # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
-        if SHIFT and ROW_VEC == 1 and n_cols <= 3584:
-            # an odd width: 2 rows a program, short chunks
-            BLOCK_ROWS = min(2, _next_pow2(n_rows))
-            BLOCK_N, NUM_WARPS = 256, 4
+        # an odd width: 2 rows a program (they share the weight's loads), short chunks
+        ODD = SHIFT and ROW_VEC == 1 and n_cols <= 3584
+        if ODD:
+            BLOCK_ROWS, BLOCK_N, NUM_WARPS = min(2, _next_pow2(n_rows)), 256, 4
+        elif n_cols <= 8192:
+            BLOCK_N, NUM_WARPS = 1024, 4
+        elif n_cols <= 16384:
+            BLOCK_N, NUM_WARPS = 2048, 4
+        elif n_cols < 65536:
+            BLOCK_N, NUM_WARPS = 4096, 8
+        else:
+            BLOCK_N, NUM_WARPS = 8192, 16
+        if n_cols <= 32768 and not ODD:
+            # shifted, though narrow enough to hold: a program a row, all of it in flight
+            PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
+        else:
             PER_SM = 8
             # at most 64 registers a thread: 32 warps fit an SM
             options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
-        else:
-            if n_cols <= 8192:
-                BLOCK_N, NUM_WARPS = 1024, 4
-            elif n_cols <= 16384:
-                BLOCK_N, NUM_WARPS = 2048, 4
-            elif n_cols < 65536:
-                BLOCK_N, NUM_WARPS = 4096, 8
-            else:
-                BLOCK_N, NUM_WARPS = 8192, 16
-            if n_cols <= 32768:
-                # shifted, though narrow enough to hold: a program a row, all of it in flight
-                PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
-            else:
-                PER_SM = 8
-                # at most 64 registers a thread: 32 warps fit an SM
-                options = dict(NUM_STAGES=4, SHIFT=SHIFT, VEC=8, maxnreg=64)
     launch_rows(kernel, _cdiv(n_rows, BLOCK_ROWS), PER_SM, device, (
         X, W, eps, Y,
         n_rows, n_cols,

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import kgen
 from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, HELD_WARPS, LANES_SHORT_BYTES, LOOPED_MAXNREG, LOOPED_PER_SM,
-                                      SHIFTED_F32_FILL, SHIFTED_F32_FILL_LANES,
+                                      SHIFTED_F32_FILL, SHIFTED_F32_FILL_NORMS,
                                       LOOPED_STAGES, MAX_BLOCK_N, SHIFTED_MAX_BLOCK_N, SHORT_CHUNK_N,
                                       SHORT_ROW, SHORTEST_CHUNK_N, SHORTEST_ROW, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
@@ -289,7 +289,7 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     each as f32): up to 32768 (32 warps past 16384); wider, the looped or split kernel runs.
     16-bit rows that would not move in whole 16-byte vectors on chip (odd N here) loop, shifted,
     past SHIFTED_MAX_BLOCK_N columns (f32 ones where the block would be SHIFTED_F32_FILL full at
-    most, SHIFTED_F32_FILL_LANES for layernorm), in short chunks up to SHORT_ROW (shortest up to
+    most, SHIFTED_F32_FILL_NORMS for the norms), in short chunks up to SHORT_ROW (shortest up to
     SHORTEST_ROW), a program a row
     with no pipeline and no register cap up to MAX_BLOCK_N (wider, LOOPED_PER_SM programs an SM
     capped at LOOPED_MAXNREG registers walk the rows); those that would (N a multiple of 8) stay
@@ -299,7 +299,7 @@ def test_widest_row_on_chip_is_the_same_for_every_element(name, monkeypatch):
     tile loop past STRAIGHT_MAX_BLOCK_N.  The norms' 16-bit rows of an odd width loop from
     ODD_FROM columns."""
     f16, f32 = torch.float16, torch.float32
-    part, whole = SHIFTED_F32_FILL_LANES if name in ("layernorm", "rmsnorm") else SHIFTED_F32_FILL
+    part, whole = SHIFTED_F32_FILL_NORMS if name in ("layernorm", "rmsnorm") else SHIFTED_F32_FILL
     fill = 2 * SHIFTED_MAX_BLOCK_N * part // whole   # the widest row that fills a block of 8192 so far
     fill -= 1 - fill % 2                             # ... that is odd (not in whole vectors)
     for dtype, n, warps in ((f16, 20000, 32), (f16, MAX_BLOCK_N + 1, None), (f16, 10008, 16), (f16, 3000, 4),
@@ -1133,7 +1133,7 @@ def test_reduction_over_another_axis_is_an_error_at_its_position():
     assert "last axis" in e.value.message and ":2:9:" in str(e.value)
 
 
-@pytest.mark.parametrize("dim", ["SPLIT", "SHIFT", "PER_SM"])
+@pytest.mark.parametrize("dim", ["SPLIT", "SHIFT", "PER_SM", "ODD"])
 def test_dimensions_named_like_the_host_functions_locals(dim):
     """The host function binds a rank-3 input's dims, then SHIFT, SPLIT, PER_SM, ... for
     itself, and passes the dims on by name: a dimension may not take one of those names

@@ -150,7 +150,7 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      "n_chunks", "whole_lo", "whole_hi", "n_ends", "end", "chunk_cols"})
 # The host function's own locals: a spec's dimensions (host locals too) may not take them.
 _HOST_LOCALS = frozenset({"n_rows", "n_cols", "BLOCK_N", "BLOCK_ROWS", "SHIFT", "SPLIT", "NUM_WARPS", "PER_SM",
-                          "ROW_VEC", "kernel", "options", "device"})
+                          "ROW_VEC", "ODD", "kernel", "options", "device"})
 
 # A looped kernel's chunk: its lanes (columns from the row's start, shifted under SHIFT) ...
 _LANES = (
@@ -195,21 +195,28 @@ END_COUNT = ("chunk_cols = tl.maximum(tl.minimum(lane0 - shift + BLOCK_N, n_cols
 _ASSIGNS = re.compile(r"\s*([A-Za-z_]\w*) = ")
 
 
+def _code(items) -> str:
+    """The code of ``items`` (strings and Lines) on one line, comments cut."""
+    return " ".join(code.split("#")[0] for item in items for code in (item.code if isinstance(item, Line) else (item,)))
+
+
+def _reads(text: str, name: str) -> bool:
+    return re.search(rf"\b{name}\b", text) is not None
+
+
 def read_lanes(lanes: tuple[str, ...], rest: list) -> tuple[str, ...]:
     """The lane lines that the chunk's other code (``rest``: strings and Lines) reads: the
     assignments of a name that nothing else reads go, then ``if`` blocks left with no code,
     until none changes, so that a chunk prints only the masks it uses (one whose body
     reads no column prints no ``col``).  Reads are whole words outside comments."""
-    others = " ".join(code.split("#")[0] for item in rest
-                      for code in (item.code if isinstance(item, Line) else (item,)))
+    others = _code(rest)
     lines = list(lanes)
     while True:
         assigned = [m.group(1) if (m := _ASSIGNS.match(line)) else None for line in lines]
         reads = [line.split("#")[0].split(" = ", 1)[-1] for line in lines]   # a line's right side
 
         def read(name: str) -> bool:
-            text = " ".join(r for r, a in zip(reads, assigned) if a != name)
-            return re.search(rf"\b{name}\b", f"{others} {text}") is not None
+            return _reads(" ".join([others] + [r for r, a in zip(reads, assigned) if a != name]), name)
         kept = [line for line, name in zip(lines, assigned) if name is None or read(name)]
         kept = [line for i, line in enumerate(kept)
                 if not line.lstrip().startswith(("if ", "#")) or _block_has_code(kept, i)]
@@ -222,21 +229,19 @@ def _read_finals(sweeps: list[Sweep]) -> list[Sweep]:
     """The sweeps with each final value after a sweep kept only where later code reads it: a
     mean whose only use is in its variance (``d = X - mean(X)``, then ``mean(d * d)``) is
     merged chunk by chunk and never needed whole."""
-    later: list[str] = []
-    kept_sweeps = []
+    later = ""
+    kept: list[Sweep] = []
     for sweep in reversed(sweeps):
-        after = []
+        after: list[Line] = []
         for line in reversed(sweep.after):
-            code = [c for c in line.code
-                    if not (m := _ASSIGNS.match(c)) or re.search(rf"\b{m.group(1)}\b", " ".join(later))]
-            later += [c.split("#")[0] for c in code]
+            code = tuple(c for c in line.code if not (m := _ASSIGNS.match(c)) or _reads(later, m.group(1)))
+            later += " " + _code(code)
             if code:
-                after.insert(0, Line(line.comment, tuple(code)))
-        later += [code.split("#")[0] for item in (*sweep.before, *sweep.loads, *sweep.body, *sweep.stores,
-                                                  *sweep.edge_stores, *(sweep.whole_body or ()), *sweep.whole_after)
-                  for code in (item.code if isinstance(item, Line) else (item,))]
-        kept_sweeps.insert(0, replace(sweep, after=tuple(after)))
-    return kept_sweeps
+                after.insert(0, Line(line.comment, code))
+        later += " " + _code([*sweep.before, *sweep.loads, *sweep.body, *sweep.stores, *sweep.edge_stores,
+                              *(sweep.whole_body or ()), *sweep.whole_after])
+        kept.insert(0, replace(sweep, after=tuple(after)))
+    return kept
 
 
 def _block_has_code(lines: list[str], i: int) -> bool:

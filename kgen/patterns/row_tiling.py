@@ -31,13 +31,13 @@ MAX_BLOCK_N = 32768
 # 1060-1410 -> 1500-1630, softmax 1400-1630 -> 1780-1860 to 6001, 1830-2070 -> 1830-1930 above)
 SHIFTED_MAX_BLOCK_N = 4096
 # ... and f32 ones past it where the block on chip would be SHIFTED_F32_FILL full at most, or
-# SHIFTED_F32_FILL_LANES where a looped sweep keeps Welford lanes or a weight scales the row (on
+# SHIFTED_F32_FILL_NORMS where a looped sweep keeps Welford lanes or a weight scales the row (on
 # an H100, kernel time, the looped kernel a program a row against the on-chip one, M = 4096: at
 # 4097, 5003 and 20001 columns (half to 61% of the block) softmax, log-softmax and rmsnorm -2% to
 # +16%, layernorm +22-29%; at 6143, 12001 and 24001 (73-75%) layernorm +3-22%, the others -15% to
 # +13%; at 8191 softmax 2890 GB/s on chip, 2310-2500 looped) ...
 SHIFTED_F32_FILL = (2, 3)
-SHIFTED_F32_FILL_LANES = (3, 4)
+SHIFTED_F32_FILL_NORMS = (3, 4)
 # (... the weighted ones: f32 rmsnorm at 6001, 12001 and 24001 columns, 73-75% of the block,
 # 2229 -> 2617, 2175 -> 2627 and 2064 -> 2471 GB/s, H100, 2026-11-27, its chunks as below)
 # Those rows, a program each, run in at most HELD_WARPS warps: f32 chunks of 4096 columns in 16
@@ -264,13 +264,13 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
-    fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_LANES if lanes or weighted(kir) else SHIFTED_F32_FILL
+    weight = weighted(kir)
+    fill = None if row_bytes(kir) < 4 else SHIFTED_F32_FILL_NORMS if lanes or weight else SHIFTED_F32_FILL
     odd_to = ODD_LANES_TO if lanes else ODD_SUMS_TO if sums else None
-    odd = odd_to is not None and weighted(kir) and row_bytes(kir) < 4 and not values and shift_from < widest
+    odd = odd_to is not None and weight and row_bytes(kir) < 4 and not values and shift_from < widest
     held = widest if shift_from < widest and stages is None else None
-    looped = _looped_block(block, warps, chunk, kir, lanes, held) + _looped_launch(looped_stages, vec, held)
-    if odd:
-        looped = _odd_rows(vec, odd_to) + tuple(f"    {line}" for line in looped)
+    looped = _looped_block(block, warps, chunk, kir, lanes, held, odd_to if odd else None) + \
+        _looped_launch(looped_stages, vec, held, odd)
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
@@ -285,40 +285,26 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         odd=(ODD_FROM, odd_to) if odd else None)
 
 
-def _odd_rows(vec: int, to: int) -> tuple[str, ...]:
-    """The looped kernel's tiles, warps and launch for rows of an odd width up to ``to``
-    columns (see ODD_FROM), then the ``else:`` of the others."""
-    return (f"if SHIFT and ROW_VEC == 1 and n_cols <= {to}:",
-            f"    # an odd width: {ODD_ROWS} rows a program, short chunks",
-            f"    BLOCK_ROWS = min({ODD_ROWS}, _next_pow2(n_rows))",
-            f"    BLOCK_N, NUM_WARPS = {ODD_CHUNK_N}, {ODD_WARPS}",
-            *(f"    {line}" for line in _persistent(LOOPED_STAGES, vec)),
-            "else:")
-
-
-def _persistent(stages: int, vec: int) -> tuple[str, ...]:
-    """The host lines of a looped launch that LOOPED_PER_SM programs an SM walk."""
-    return (f"PER_SM = {LOOPED_PER_SM}",
-            f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
-            f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
-
-
-def _looped_launch(stages: int, vec: int, held: int | None) -> tuple[str, ...]:
+def _looped_launch(stages: int, vec: int, held: int | None, odd: bool) -> tuple[str, ...]:
     """The host lines that set PER_SM and the looped kernel's options (SHIFT, VEC and the
-    stages); ``held``: the widest row on chip, where shifted rows up to it launch a program a row."""
-    persistent = _persistent(stages, vec)
+    stages); ``held``: the widest row on chip, where shifted rows up to it launch a program a row
+    (but rows of an odd width, ``ODD``, whose programs walk the tiles)."""
+    persistent = (f"PER_SM = {LOOPED_PER_SM}",
+                  f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
+                  f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
     if held is None:
         return persistent
-    return (f"if n_cols <= {held}:",
+    return (f"if n_cols <= {held}{' and not ODD' if odd else ''}:",
             "    # shifted, though narrow enough to hold: a program a row, all of it in flight",
             f"    PER_SM, options = None, dict(NUM_STAGES={HELD_SHIFTED_STAGES}, SHIFT=SHIFT, VEC={vec})",
             "else:", *(f"    {line}" for line in persistent))
 
 
 def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR,
-                  lanes: bool, held: int | None) -> tuple[str, ...]:
+                  lanes: bool, held: int | None, odd_to: int | None) -> tuple[str, ...]:
     """The host lines that set BLOCK_N and NUM_WARPS of the looped kernel: narrower chunks on
-    rows under WIDE_ROW, unless the schedule fixes the chunk or the warps."""
+    rows under WIDE_ROW, unless the schedule fixes the chunk or the warps; first, where
+    ``odd_to`` is given, the tile of rows of an odd width up to it (see ODD_FROM)."""
     if block is not None or warps is not None:
         return (f"BLOCK_N, NUM_WARPS = {chunk}, {warps or LOOPED_WARPS}",)
     def thirty_two_bytes(n: int) -> tuple[int, int]:
@@ -346,6 +332,11 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
         if short != narrow:     # ... f32 ones at some widths only: short chunks up to SHORTEST_ROW
             tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
     lines = []
+    if odd_to is not None:
+        lines = [f"# an odd width: {ODD_ROWS} rows a program (they share the weight's loads), short chunks",
+                 f"ODD = SHIFT and ROW_VEC == 1 and n_cols <= {odd_to}", "if ODD:",
+                 f"    BLOCK_ROWS, BLOCK_N, NUM_WARPS = min({ODD_ROWS}, _next_pow2(n_rows)), "
+                 f"{ODD_CHUNK_N}, {ODD_WARPS}"]
     for test, (n, w) in tiers:
         lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
     setting = f"BLOCK_N, NUM_WARPS = {wide[0]}, {wide[1]}"
