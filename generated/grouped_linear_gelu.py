@@ -980,7 +980,6 @@ grouped_linear_gelu_configs = [
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=1, TMA=True),
     dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=1, TMA=True),
     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2, TMA=True),
-    dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=5, programs_per_sm=1, TMA=True),
 ]
 
 

@@ -55,9 +55,7 @@ torch one when none is set), the MoE kernel takes host descriptors over ``A [T, 
 (no contiguous axis, unaligned, a column-major MoE ``A`` whose row offsets would start
 loads off 16-byte boundaries, a GPU before Hopper) the host runs the pointer kernel
 with the same tiles.  The autotuner times TMA configs only for groups of at least
-``gemm.TMA_MIN_FLOP`` (``MOE_TMA_MIN_FLOP`` in the MoE form, whose two host descriptors cost
-less than the list kernel's scratch memory): below that, their extra host work per call costs
-more than they save.
+``gemm.TMA_MIN_FLOP``: below that, their extra host work per call costs more than they save.
 
 **The MoE form**.  ``kernel.moe(A, B, offs=offs)``: the problems' rows of
 ``A`` are stacked in one ``[T, K]`` tensor, problem ``g`` owning rows ``offs[g - 1]``
@@ -137,18 +135,14 @@ TMA_CANDIDATES_16 = (
     (128, 128, 64, 8, 8, 4, 1),
     (128, 128, 64, 8, 4, 4, 1),
     (64, 128, 64, 8, 4, 4, 2),
-    (64, 256, 64, 8, 4, 5, 1),
 )
 # Also timed with the tile loop flattened though the host's estimate says it does not fit,
 # for one 16-bit output whose epilogue reads no other tensor: Triton then lays out the 16-bit
 # result for the store, not the f32 tile, and it fits.  On an H100, the MoE form at 4 x 2048^3:
 # 99.3 us flattened against 108.3 (TMA loads: 97.7 against 101.5); gelu(X @ W + b) took 177
-# against 137 where it compiled, and with K = 136 Triton refused it (OutOfResources).  The MoE
-# shape (README, Performance) with TMA, 64 x 256 tiles in one warpgroup, 5 stages: 44.5 us
-# flattened against 49.2, where 64 x 128 tiles, two programs an SM, took 45.5 (kernel time).
+# against 137 where it compiled, and with K = 136 Triton refused it (OutOfResources).
 FLATTENED_16 = (
     (128, 256, 64, 8, 8, 3, 1),
-    (64, 256, 64, 8, 4, 5, 1),
 )
 CANDIDATES_32 = (
     (128, 128, 32, 8, 8, 3, 1),
@@ -158,12 +152,9 @@ CANDIDATES_32 = (
     (32, 64, 64, 8, 4, 4, 4),
 )
 # TMA configs are timed only for groups of at least gemm.TMA_MIN_FLOP: below it their extra
-# host work per call (descriptors, scratch memory) costs more than they save on the GPU.  The
-# MoE form makes two descriptors on the host (about 7 us a call on an H100's host), and its
-# TMA tiles gain from MOE_TMA_MIN_FLOP: the MoE shape (2^34 flops) takes 44.5 us with TMA
-# against 46.1 without, on a GPU that also clears L2 between calls (about 85 us for do_bench's
-# 256 MB) while the host's 50-60 us prepare the next.
-MOE_TMA_MIN_FLOP = 2**33
+# host work per call (descriptors, scratch memory) costs more than they save on the GPU.
+# On an H200, the MoE shape (17 GFLOP): 44.4 us on the GPU with TMA, 45.5 without, but
+# 52 vs 38 us of host time per call, so back-to-back calls were slower with TMA.
 # Without tuning: the first row whose limit on output elements per SM holds (None: the last).
 HEURISTIC_16 = (
     (64 * 64, (64, 64, 64, 8, 4, 4, 2)),
@@ -613,12 +604,12 @@ def _moe_signature(a, b, lhs, rhs) -> str:
             f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
 
 
-def _fit(configs, m: int, n: int, k: int, tensor, flop: int, least: int = gemm.TMA_MIN_FLOP):
+def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
     """Tiles no larger than the problem (rounded up to a power of two, at least 16) on each
     axis; TMA configs only on a GPU with TMA (elsewhere they would time the fallback twice)
-    and for groups of at least ``least`` flops."""
+    and for groups of at least gemm.TMA_MIN_FLOP."""
     cap = lambda size: max(16, _p2(size))  # noqa: E731
-    tma = gemm.times_tma(tensor, flop, least=least)
+    tma = gemm.times_tma(tensor, flop)
     kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
             and (tma or not c.get("TMA"))]
     return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
@@ -639,4 +630,4 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
 def prune_moe(configs, bound: dict, lhs: str, rhs: str):
     a, b = bound[lhs], bound[rhs]
     return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1], a,
-                2 * a.shape[0] * a.shape[1] * b.shape[2], MOE_TMA_MIN_FLOP)
+                2 * a.shape[0] * a.shape[1] * b.shape[2])
