@@ -33,10 +33,11 @@ def _check_tensor(name, value, dtype, rank, declared):
 
 
 def _check_shape(name, value, expected, declared, source):
-    if any(want is not None and got != want for got, want in zip(value.shape, expected)):
-        sizes = ", ".join("?" if want is None else str(want) for want in expected)
-        origin = f" (sizes from {source})" if source else ""
-        raise ArgumentError(f"{name}: expected {declared} = [{sizes}]{origin}, got shape {tuple(value.shape)}")
+    for got, want in zip(value.shape, expected):
+        if want is not None and got != want:
+            sizes = ", ".join("?" if want is None else str(want) for want in expected)
+            origin = f" (sizes from {source})" if source else ""
+            raise ArgumentError(f"{name}: expected {declared} = [{sizes}]{origin}, got shape {tuple(value.shape)}")
 
 
 def _check_scalar(name, value, kind):
@@ -99,12 +100,15 @@ def _outputs(out, device, inputs, *specs, inplace=False):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
     for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
         _check_out(f"out ({name})", value, shape, dtype, device)
+        if value.numel() == 0:
+            continue
+        span = _span(value)
         others = [*inputs, *((specs[j][0] + " (out)", given[j]) for j in range(i))]
         for other, tensor in others:
             # out= exactly an input (same elements, same type): each element is read before it is written
             same = inplace and value.data_ptr() == tensor.data_ptr() and value.dtype == tensor.dtype \
                 and value.shape == tensor.shape and value.stride() == tensor.stride() and not other.endswith("(out)")
-            if not same and _overlap(value, tensor):
+            if not same and _overlap(span, tensor):
                 raise ArgumentError(f"out ({name}): overlaps {other} in memory; pass a separate tensor")
     return given
 
@@ -126,21 +130,24 @@ def _check_out(label, value, shape, dtype, device):
 def _span(t):
     """The bytes from t's first element to the end of its last (a strided tensor's gaps included)."""
     start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
     return start, start + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def _overlap(a, b):
-    # by address, not storage: two storages can alias one buffer (torch.from_numpy, DLPack)
-    if a.numel() == 0 or b.numel() == 0:
+def _overlap(span, t):
+    """Whether t's bytes meet span (start, end), by address, not storage: two storages can
+    alias one buffer (torch.from_numpy, DLPack)."""
+    if t.numel() == 0:
         return False
-    (a0, a1), (b0, b1) = _span(a), _span(b)
-    return a0 < b1 and b0 < a1
+    start, end = _span(t)
+    return span[0] < end and start < span[1]
 
 
 def _self_overlapping(t):
     """Whether two of t's elements may share memory: a stride 0, or strides that interleave
     (an output written from many programs at once must have distinct elements)."""
-    if t.numel() == 0:
+    if t.is_contiguous() or t.numel() == 0:
         return False
     reach = 1   # elements spanned by the axes with smaller strides
     for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
@@ -153,9 +160,11 @@ def _self_overlapping(t):
 def _needs_int64(*tensors):
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
-    return any(t.untyped_storage().nbytes() >= _I32_LIMIT
-               and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT
-               for t in tensors)
+    for t in tensors:
+        if t.untyped_storage().nbytes() >= _I32_LIMIT \
+                and sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= _I32_LIMIT:
+            return True
+    return False
 
 
 # triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
@@ -266,20 +275,21 @@ def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
     contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
-    16-byte aligned)."""
+    16-byte aligned).  Made at every call, from the sizes alone: no view of x is made."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    if 0 in x.shape:
+    shape, strides = list(x.shape), list(x.stride())
+    if 0 in shape:
         return None, False
-    lead = [1] * (x.dim() - 2)
-    if x.stride(-1) == 1:
-        t, block, transposed = x, lead + [rows, cols], False
-    elif x.stride(-2) == 1:
-        t, block, transposed = x.transpose(-1, -2), lead + [cols, rows], True
-    else:
+    block = [1] * (len(shape) - 2) + [rows, cols]
+    transposed = strides[-1] != 1
+    if transposed:
+        if strides[-2] != 1:
+            return None, False
+        shape[-2:], strides[-2:], block[-2:] = shape[:-3:-1], strides[:-3:-1], [cols, rows]
+    size = x.element_size()
+    if x.data_ptr() % 16 or any(stride * size % 16 for stride in strides[:-1]):
         return None, False
-    if t.data_ptr() % 16 or any(stride * t.element_size() % 16 for stride in t.stride()[:-1]):
-        return None, False
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block), transposed
+    return TensorDescriptor(x, shape, strides, block), transposed
 
 
 @triton.jit

@@ -186,6 +186,7 @@ class Kernel:
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
         self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
+        self._moe_label, self._moe_signature = f"{kir.name}.moe", f"{kir.name}.moe({', '.join(self.inputs)}, *, offs)"
         if use_interpreter_if_no_gpu():
             self._run = _untraced(_one_at_a_time(self._run))
         elif not getattr(plan, "traced", True):
@@ -257,8 +258,7 @@ class Kernel:
         if offs is None:
             raise CallError(f"{self.name}.moe: missing offs=, where each problem's rows end")
         kwargs["offs"] = offs
-        return self._run(self._moe_host, self._moe_tuner, f"{self.name}.moe",
-                         f"{self.name}.moe({', '.join(self.inputs)}, *, offs)", args, kwargs)
+        return self._run(self._moe_host, self._moe_tuner, self._moe_label, self._moe_signature, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<kgen.Kernel {self.name}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}: {self.pattern}>"

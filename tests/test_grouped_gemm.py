@@ -811,7 +811,8 @@ def test_prune_keeps_tiles_that_fit_the_largest_problem():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="Hopper")
 def test_prune_times_tma_only_for_big_groups():
-    """Below TMA_MIN_FLOP the TMA variants' host work costs more than they save: not timed."""
+    """Below TMA_MIN_FLOP (MOE_TMA_MIN_FLOP in the MoE form) the TMA variants' host work costs
+    more than they save: not timed."""
     configs = [dict(zip(grouped_gemm.CONFIG_KEYS, c), TMA=tma) for c in grouped_gemm.CANDIDATES_16[:3]
                for tma in (False, True)]
     group = lambda n, g: {"A": [torch.empty(n, n, device="cuda")] * g, "B": [torch.empty(n, n, device="cuda")] * g}
@@ -819,8 +820,11 @@ def test_prune_times_tma_only_for_big_groups():
     assert 2 * 4 * 1024**3 < gemm.TMA_MIN_FLOP <= 2 * 4 * 2048**3
     assert not any(c["TMA"] for c in grouped_gemm.prune(configs, small, "A", "B"))
     assert sum(c["TMA"] for c in grouped_gemm.prune(configs, big, "A", "B")) == 3
-    moe = {"A": torch.empty(4096, 1024, device="cuda"), "B": torch.empty(8, 1024, 1024, device="cuda")}
-    assert not any(c["TMA"] for c in grouped_gemm.prune_moe(configs, moe, "A", "B"))
+    moe = lambda t: {"A": torch.empty(t, 1024, device="cuda"),  # noqa: E731
+                     "B": torch.empty(8, 1024, 1024, device="cuda")}
+    assert 2 * 2048 * 1024**2 < grouped_gemm.MOE_TMA_MIN_FLOP <= 2 * 4096 * 1024**2 < gemm.TMA_MIN_FLOP
+    assert not any(c["TMA"] for c in grouped_gemm.prune_moe(configs, moe(2048), "A", "B"))
+    assert sum(c["TMA"] for c in grouped_gemm.prune_moe(configs, moe(4096), "A", "B")) == 3
 
 
 @pytest.fixture
@@ -929,7 +933,7 @@ def test_default_candidates_time_the_biggest_tiles_flattened_where_the_epilogue_
         assert not flattened and "FLATTEN=True)" not in kernel.source
         return
     tiles = {(c["BLOCK_M"], c["BLOCK_N"], bool(c.get("TMA"))) for c in flattened}
-    assert tiles == {(128, 256, False), (128, 256, True)}
+    assert tiles == {(128, 256, False), (128, 256, True), (64, 256, True)}   # the last: TMA's alone
     for c in flattened:   # each just before its twin left to the host's estimate, so that ties go to it
         assert configs[configs.index(c) + 1] == {k: v for k, v in c.items() if k != "FLATTEN"}
     assert "FLATTEN=True)" in kernel.source

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import os
 import pickle
 import re
@@ -13,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kgen
 from kgen.errors import CallError, KgenError, SpecError
 from kgen.reference import evaluate
 from kgen.runtime import Kernels
 
-from conftest import DEVICE
+from conftest import DEVICE, examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -431,6 +434,32 @@ def test_unsafe_outputs_and_negated_tensors_are_refused_before_any_launch(spec, 
     with pytest.raises(CallError, match=HAZARDS[hazard]):
         k(*args, out=out)
     assert launches.count == 0
+
+
+@settings(deadline=None, max_examples=examples(200))
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.data())
+def test_byte_spans_and_distinct_elements_follow_the_element_addresses(shape, data):
+    """The out= checks' helpers against every element's address: _span is the bytes from the
+    first element to the end of the last (contiguous views in one step, others from their
+    strides), and a view that _self_overlapping passes has no two elements at one address."""
+    module = kgen.compile(ROOT / "specs" / "vector_add.k").module
+    layout = data.draw(st.sampled_from(["strides", "contiguous", "permuted"]))
+    if layout == "strides":
+        strides = data.draw(st.lists(st.integers(0, 6), min_size=len(shape), max_size=len(shape)))
+    else:
+        order = list(range(len(shape))) if layout == "contiguous" else data.draw(st.permutations(range(len(shape))))
+        strides, reach = [0] * len(shape), 1
+        for axis in reversed(order):
+            strides[axis], reach = reach, reach * shape[axis]
+    offset = data.draw(st.integers(0, 9))
+    base = torch.empty(128, dtype=torch.float16)
+    t = base.as_strided(shape, strides, offset)
+    addresses = [offset + sum(i * s for i, s in zip(index, strides)) for index in itertools.product(*map(range, shape))]
+    assert module._span(t) == (base.data_ptr() + 2 * min(addresses), base.data_ptr() + 2 * (max(addresses) + 1))
+    if not module._self_overlapping(t):
+        assert len(set(addresses)) == len(addresses)
+    if layout != "strides":
+        assert not module._self_overlapping(t)
 
 
 def test_out_exactly_an_input_must_also_have_its_element_type():

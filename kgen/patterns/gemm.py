@@ -743,14 +743,13 @@ TMA_MIN_FLOP = 2**35
 # apart, so that every other one starts mid-sector: there the tiled kernel's 16-byte copies run
 # 24-40% slower, TMA's 0-10% (on an H100, f16 4096 x 1000 x 4096: 75 us tiled, 63 with TMA,
 # cuBLAS 53; README, "GEMM sizes and strides that are not multiples of 16"), whatever the waves
-HALF_SECTOR_TMA_MIN_FLOP = TMA_MIN_FLOP // 2
 
 
-def times_tma(tensor: torch.Tensor, flop: int, half_sector: bool = False) -> bool:
+def times_tma(tensor: torch.Tensor, flop: int, half_sector: bool = False, least: int = TMA_MIN_FLOP) -> bool:
     """Whether TMA candidates are timed for a problem of ``flop`` on ``tensor``'s device: on
-    a GPU with TMA from TMA_MIN_FLOP (HALF_SECTOR_TMA_MIN_FLOP where an operand's rows start
-    mid-sector); off the GPU always (they run the fallback, which the tests exercise)."""
-    least = HALF_SECTOR_TMA_MIN_FLOP if half_sector else TMA_MIN_FLOP
+    a GPU with TMA from ``least`` (half as many where an operand's rows start mid-sector); off
+    the GPU always (they run the fallback, which the tests exercise)."""
+    least = least // 2 if half_sector else least
     return not tensor.is_cuda or (torch.cuda.get_device_capability(tensor.device)[0] >= 9 and flop >= least)
 
 
@@ -763,7 +762,7 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
       (with one wave or less the persistent loop gains nothing; building the descriptors
       costs the host about 20 us a call on an H200's host, enough to show in a GEMM of less
       than 50 us); where an operand's rows start mid-sector (``_half_sector``), from
-      HALF_SECTOR_TMA_MIN_FLOP and with any number of tiles: TMA's loads are what gain there;
+      half TMA_MIN_FLOP and with any number of tiles: TMA's loads are what gain there;
     - split-K only where the output has fewer tiles than the GPU has SMs, and each slice
       of K keeps at least 4 steps of BLOCK_K;
     - of those, the ones whose programs keep a quarter of the SMs busy (or as many as any

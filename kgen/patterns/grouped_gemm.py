@@ -55,7 +55,9 @@ torch one when none is set), the MoE kernel takes host descriptors over ``A [T, 
 (no contiguous axis, unaligned, a column-major MoE ``A`` whose row offsets would start
 loads off 16-byte boundaries, a GPU before Hopper) the host runs the pointer kernel
 with the same tiles.  The autotuner times TMA configs only for groups of at least
-``gemm.TMA_MIN_FLOP``: below that, their extra host work per call costs more than they save.
+``gemm.TMA_MIN_FLOP`` (``MOE_TMA_MIN_FLOP`` in the MoE form, whose two host descriptors cost
+less than the list kernel's scratch memory): below that, their extra host work per call costs
+more than they save.
 
 **The MoE form**.  ``kernel.moe(A, B, offs=offs)``: the problems' rows of
 ``A`` are stacked in one ``[T, K]`` tensor, problem ``g`` owning rows ``offs[g - 1]``
@@ -135,14 +137,18 @@ TMA_CANDIDATES_16 = (
     (128, 128, 64, 8, 8, 4, 1),
     (128, 128, 64, 8, 4, 4, 1),
     (64, 128, 64, 8, 4, 4, 2),
+    (64, 256, 64, 8, 4, 5, 1),
 )
 # Also timed with the tile loop flattened though the host's estimate says it does not fit,
 # for one 16-bit output whose epilogue reads no other tensor: Triton then lays out the 16-bit
 # result for the store, not the f32 tile, and it fits.  On an H100, the MoE form at 4 x 2048^3:
 # 99.3 us flattened against 108.3 (TMA loads: 97.7 against 101.5); gelu(X @ W + b) took 177
-# against 137 where it compiled, and with K = 136 Triton refused it (OutOfResources).
+# against 137 where it compiled, and with K = 136 Triton refused it (OutOfResources).  The MoE
+# shape (README, Performance) with TMA, 64 x 256 tiles in one warpgroup, 5 stages: 44.5 us
+# flattened against 49.2, where 64 x 128 tiles, two programs an SM, took 45.5 (kernel time).
 FLATTENED_16 = (
     (128, 256, 64, 8, 8, 3, 1),
+    (64, 256, 64, 8, 4, 5, 1),
 )
 CANDIDATES_32 = (
     (128, 128, 32, 8, 8, 3, 1),
@@ -152,9 +158,13 @@ CANDIDATES_32 = (
     (32, 64, 64, 8, 4, 4, 4),
 )
 # TMA configs are timed only for groups of at least gemm.TMA_MIN_FLOP: below it their extra
-# host work per call (descriptors, scratch memory) costs more than they save on the GPU.
-# On an H200, the MoE shape (17 GFLOP): 44.4 us on the GPU with TMA, 45.5 without, but
-# 52 vs 38 us of host time per call, so back-to-back calls were slower with TMA.
+# host work per call (descriptors, scratch memory) costs more than they save on the GPU.  The
+# MoE form makes two descriptors on the host, which with their launch cost about 30 us a call
+# more than the pointer kernel (on an H100's host, 77-86 us a call against 48-52), and its TMA
+# tiles gain from MOE_TMA_MIN_FLOP: the MoE shape (2^34 flops) takes 44.3 us on the GPU with
+# TMA against 46.1 without, and 47.0-47.9 call by call against 49.7-50.1, where do_bench clears
+# L2 between calls (about 85 us for 256 MB) while the host prepares the next.
+MOE_TMA_MIN_FLOP = 2**33
 # Without tuning: the first row whose limit on output elements per SM holds (None: the last).
 HEURISTIC_16 = (
     (64 * 64, (64, 64, 64, 8, 4, 4, 2)),
@@ -529,10 +539,11 @@ def _layout(tensors) -> str:
     return "s"
 
 
-def _bind(args, kwargs, names):
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    return values
+def _operands(args, kwargs, names, lhs, rhs) -> tuple:
+    """The call's values of parameters lhs and rhs (None where not given): by position, or by
+    name (a name given twice is the host's to report)."""
+    i, j = names.index(lhs), names.index(rhs)
+    return (args[i] if i < len(args) else kwargs.get(lhs)), (args[j] if j < len(args) else kwargs.get(rhs))
 
 
 _GROUP_KEYS: dict[tuple, str | None] = {}
@@ -543,8 +554,7 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
     """The list form's tuning key: the group's signature (see the module docstring); None
     for a call the host function will reject.  Called on every call: the signature is
     remembered per tuple of shapes and strides, which is all that is read each time."""
-    values = _bind(args, kwargs, names)
-    a, b = values.get(lhs), values.get(rhs)
+    a, b = _operands(args, kwargs, names, lhs, rhs)
     if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or not a or len(a) != len(b):
         return None
     try:
@@ -589,8 +599,7 @@ def _share_n_and_k(a, b) -> bool:
 def moe_key(args, kwargs, names, lhs, rhs) -> str | None:
     """The MoE form's tuning key: dtype, G, the power of two above T, N and K, layouts;
     remembered per dtype, shapes and strides, as the list form's."""
-    values = _bind(args, kwargs, names)
-    a, b = values.get(lhs), values.get(rhs)
+    a, b = _operands(args, kwargs, names, lhs, rhs)
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != 2 or b.dim() != 3 \
             or a.is_nested or b.is_nested:   # (torch raises on a nested tensor's .shape)
         return None
@@ -604,12 +613,12 @@ def _moe_signature(a, b, lhs, rhs) -> str:
             f"{lhs}:{_layout([a])} {rhs}:{_layout([b])}")
 
 
-def _fit(configs, m: int, n: int, k: int, tensor, flop: int):
+def _fit(configs, m: int, n: int, k: int, tensor, flop: int, least: int = gemm.TMA_MIN_FLOP):
     """Tiles no larger than the problem (rounded up to a power of two, at least 16) on each
     axis; TMA configs only on a GPU with TMA (elsewhere they would time the fallback twice)
-    and for groups of at least gemm.TMA_MIN_FLOP."""
+    and for groups of at least ``least`` flops."""
     cap = lambda size: max(16, _p2(size))  # noqa: E731
-    tma = gemm.times_tma(tensor, flop)
+    tma = gemm.times_tma(tensor, flop, least=least)
     kept = [c for c in configs if c["BLOCK_M"] <= cap(m) and c["BLOCK_N"] <= cap(n) and c["BLOCK_K"] <= cap(k)
             and (tma or not c.get("TMA"))]
     return kept or [min(configs, key=lambda c: (bool(c.get("TMA")), c["BLOCK_M"] * c["BLOCK_N"], c["BLOCK_K"]))]
@@ -630,4 +639,4 @@ def prune(configs, bound: dict, lhs: str, rhs: str):
 def prune_moe(configs, bound: dict, lhs: str, rhs: str):
     a, b = bound[lhs], bound[rhs]
     return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1], a,
-                2 * a.shape[0] * a.shape[1] * b.shape[2])
+                2 * a.shape[0] * a.shape[1] * b.shape[2], MOE_TMA_MIN_FLOP)
