@@ -264,7 +264,8 @@ def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
     contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
-    16-byte aligned).  Made at every call, from the sizes alone: no view of x is made."""
+    16-byte aligned).  It reads x's sizes and strides, those of the last two axes swapped for
+    the transpose: no view of x is made at each call."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, strides = list(x.shape), list(x.stride())
     if 0 in shape:
@@ -274,7 +275,9 @@ def _tma_descriptor(x, rows, cols):
     if transposed:
         if strides[-2] != 1:
             return None, False
-        shape[-2:], strides[-2:], block[-2:] = shape[:-3:-1], strides[:-3:-1], [cols, rows]
+        shape[-2], shape[-1] = shape[-1], shape[-2]
+        strides[-2], strides[-1] = strides[-1], strides[-2]
+        block[-2], block[-1] = cols, rows
     size = x.element_size()
     if x.data_ptr() % 16 or any(stride * size % 16 for stride in strides[:-1]):
         return None, False
