@@ -498,6 +498,8 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
         # an odd width: 2 rows a program (they share the weight's loads), short chunks
         ODD = SHIFT and ROW_VEC == 1 and n_cols <= 3584
+        # sums alone, over rows of 65536 columns or more in whole vectors: longer chunks, 2 programs an SM
+        WIDE = n_cols >= 65536 and not SHIFT
         if ODD:
             BLOCK_ROWS, BLOCK_N, NUM_WARPS = min(2, _next_pow2(n_rows)), 256, 4
         elif n_cols <= 8192:
@@ -506,11 +508,15 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
             BLOCK_N, NUM_WARPS = 2048, 4
         elif n_cols < 65536:
             BLOCK_N, NUM_WARPS = 4096, 8
+        elif WIDE:
+            BLOCK_N, NUM_WARPS = 16384, 8
         else:
             BLOCK_N, NUM_WARPS = 8192, 16
         if n_cols <= 32768 and not ODD:
             # shifted, though narrow enough to hold: a program a row, all of it in flight
             PER_SM, options = None, dict(NUM_STAGES=1, SHIFT=SHIFT, VEC=8)
+        elif WIDE:
+            PER_SM, options = 2, dict(NUM_STAGES=3, SHIFT=SHIFT, VEC=8)
         else:
             PER_SM = 8
             # at most 64 registers a thread: 32 warps fit an SM

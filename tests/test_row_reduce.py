@@ -31,7 +31,7 @@ from kgen.patterns.row_tiling import (HELD_SHIFTED_STAGES, HELD_WARPS, LANES_SHO
                                       SHORT_ROW, SHORTEST_CHUNK_N, SHORTEST_ROW, STRAIGHT_MAX_BLOCK_N,
                                       UNALIGNED_FROM, UNALIGNED_STRAIGHT_MAX_BLOCK_N, UNALIGNED_WARPS,
                                       UNALIGNED_WIDE, ODD_CHUNK_N, ODD_FROM, ODD_ROWS, ODD_LANES_TO,
-                                      ODD_SUMS_TO, ODD_WARPS)
+                                      ODD_SUMS_TO, ODD_WARPS, WIDE_ROW, WIDE_SUMS)
 from kgen.lower import Line
 from kgen.patterns.row_reduce import read_lanes
 from kgen.reference import evaluate
@@ -650,6 +650,41 @@ def test_odd_width_tiles_only_where_rows_share_a_weight(text, odd):
     keep the tiles of the other widths."""
     kernel = kgen.compile(text)
     assert ("# an odd width: " in kernel.source) == odd
+
+
+@pytest.mark.parametrize("text, n, wide", [
+    ("specs/rmsnorm.k", WIDE_ROW, True), ("specs/rmsnorm.k", WIDE_ROW + 16, True),
+    ("specs/rmsnorm.k", WIDE_ROW + 8, False), ("specs/rmsnorm.k", WIDE_ROW + 1, False),
+    ("specs/rmsnorm.k", WIDE_ROW - 16, False),
+    (_f16_kernel("X: f16[M, N]", "Y = X * rsqrt(mean(X * X) + 1e-6)"), WIDE_ROW, True),
+    ("specs/softmax.k", WIDE_ROW, False), ("specs/log_softmax.k", WIDE_ROW, False),
+    ("specs/layernorm.k", WIDE_ROW, False),
+    (_f16_kernel("X: f16[M, N], R: f16[M, N], W: f16[N]", "Y = (X + R) * W * rsqrt(mean(X * X) + 1e-6)"),
+     WIDE_ROW, False),
+    ((SPECS / "rmsnorm.k").read_text() + "\nschedule rmsnorm {\n    num_stages = 3\n}\n", WIDE_ROW, False),
+    ((SPECS / "rmsnorm.k").read_text().replace("f16", "f32"), WIDE_ROW, False)])
+def test_wide_rows_of_sums_take_longer_chunks(text, n, wide, monkeypatch):
+    """16-bit rows in whole vectors from WIDE_ROW columns, in kernels whose reductions are plain
+    sums (rmsnorm, with a weight or without) and whose pipeline fits LOOPED_SMEM, loop with
+    WIDE_SUMS's chunk, warps, stages and programs an SM and no register cap, the last chunk
+    masked where it does not fill; rows that are shifted (not 16-byte aligned, or not provably:
+    widths that are not a multiple of 16) or narrower, a running max (softmax, log-softmax),
+    Welford lanes (layernorm), a third 16-bit operand along the row, a schedule and f32 rows
+    launch otherwise; each matches the float64 reference."""
+    kernel = kgen.compile(text)
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(n)
+    dtype = torch.float32 if "f32[" in text else torch.float16
+    args = {p: (torch.randn(3, n, generator=g) * 4 if p in ("X", "R") else torch.randn(n, generator=g))
+            .to(DEVICE, dtype) for p in kernel.inputs if p != "eps"}
+    got = as_tuple(kernel(**args))
+    options = launches.options[0]
+    launch = (options["BLOCK_N"], options["num_warps"], options.get("NUM_STAGES"), (launches.per_sm or [None])[0])
+    assert (launch == WIDE_SUMS and "maxnreg" not in options) == wide, (launch, options.get("maxnreg"))
+    if wide:
+        looped = kernel.module.k_looped_kernel if "kernel k(" in text else kernel.module.rmsnorm_looped_kernel
+        assert "WIDE = " in kernel.source and launches.kernels == [looped] and options["SHIFT"] is False
+    check_against_reference(kernel, got, args, n, f"N={n}")
 
 
 @pytest.mark.parametrize("name, n, held", [("rmsnorm", 6001, True), ("softmax", 6001, False), ("rmsnorm", 9001, True),

@@ -116,6 +116,14 @@ LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # and 2 stages 1635)
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
+# Kernels whose reductions are plain sums (rmsnorm; not Welford lanes) sweep 16-bit rows in whole
+# vectors from WIDE_ROW columns in longer chunks, in fewer warps, fewer programs an SM and no
+# register cap (on an H100, kernel time, f16 rmsnorm from 65536 to 524288 columns, M = 64 to 4096:
+# 1624-2252 -> 1782-2582 GB/s, +1-15%, e.g. 2236 -> 2484 at M = 1024, N = 65536; without a weight
+# -1% to +8%; capped at 128 registers 4-10% slower at 100000 columns; the same launch lost softmax
+# 2-7% and log-softmax up to 5%, layernorm in chunks of 8192 moved by -2% to +3%; shifted rows lost
+# 3-25%)
+WIDE_SUMS = (16384, 8, 3, 2)   # (BLOCK_N, num_warps, num_stages, programs per SM)
 # ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
 # and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100,
 # f16 from 4097 to 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax
@@ -269,8 +277,11 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     odd_to = ODD_LANES_TO if lanes else ODD_SUMS_TO if sums else None
     odd = odd_to is not None and weight and row_bytes(kir) < 4 and not values and shift_from < widest
     held = widest if shift_from < widest and stages is None else None
-    looped = _looped_block(block, warps, chunk, kir, lanes, held, odd_to if odd else None) + \
-        _looped_launch(looped_stages, vec, held, odd)
+    wide_chunk, _, wide_stages, _ = WIDE_SUMS
+    wide_sums = sums and not lanes and not values and row_bytes(kir) < 4 \
+        and (wide_stages - 1) * wide_chunk * column_bytes <= LOOPED_SMEM
+    looped = _looped_block(block, warps, chunk, kir, lanes, held, odd_to if odd else None, wide_sums) + \
+        _looped_launch(looped_stages, vec, held, odd, wide_sums)
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
@@ -285,26 +296,37 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         odd=(ODD_FROM, odd_to) if odd else None)
 
 
-def _looped_launch(stages: int, vec: int, held: int | None, odd: bool) -> tuple[str, ...]:
+def _looped_launch(stages: int, vec: int, held: int | None, odd: bool, wide_sums: bool) -> tuple[str, ...]:
     """The host lines that set PER_SM and the looped kernel's options (SHIFT, VEC and the
     stages); ``held``: the widest row on chip, where shifted rows up to it launch a program a row
-    (but rows of an odd width, ``ODD``, whose programs walk the tiles)."""
+    (but rows of an odd width, ``ODD``, whose programs walk the tiles); ``wide_sums``: WIDE rows
+    take WIDE_SUMS."""
     persistent = (f"PER_SM = {LOOPED_PER_SM}",
                   f"# at most {LOOPED_MAXNREG} registers a thread: 32 warps fit an SM",
                   f"options = dict(NUM_STAGES={stages}, SHIFT=SHIFT, VEC={vec}, maxnreg={LOOPED_MAXNREG})")
-    if held is None:
+    branches = []
+    if held is not None:
+        branches.append((f"n_cols <= {held}{' and not ODD' if odd else ''}",
+                         ("# shifted, though narrow enough to hold: a program a row, all of it in flight",
+                          f"PER_SM, options = None, dict(NUM_STAGES={HELD_SHIFTED_STAGES}, SHIFT=SHIFT, VEC={vec})")))
+    if wide_sums:
+        _, _, stages_wide, per_sm = WIDE_SUMS
+        branches.append(("WIDE", (f"PER_SM, options = {per_sm}, dict(NUM_STAGES={stages_wide}, SHIFT=SHIFT, "
+                                  f"VEC={vec})",)))
+    if not branches:
         return persistent
-    return (f"if n_cols <= {held}{' and not ODD' if odd else ''}:",
-            "    # shifted, though narrow enough to hold: a program a row, all of it in flight",
-            f"    PER_SM, options = None, dict(NUM_STAGES={HELD_SHIFTED_STAGES}, SHIFT=SHIFT, VEC={vec})",
-            "else:", *(f"    {line}" for line in persistent))
+    lines = []
+    for test, body in branches:
+        lines += [f"{'elif' if lines else 'if'} {test}:", *(f"    {line}" for line in body)]
+    return (*lines, "else:", *(f"    {line}" for line in persistent))
 
 
 def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelIR,
-                  lanes: bool, held: int | None, odd_to: int | None) -> tuple[str, ...]:
+                  lanes: bool, held: int | None, odd_to: int | None, wide_sums: bool) -> tuple[str, ...]:
     """The host lines that set BLOCK_N and NUM_WARPS of the looped kernel: narrower chunks on
     rows under WIDE_ROW, unless the schedule fixes the chunk or the warps; first, where
-    ``odd_to`` is given, the tile of rows of an odd width up to it (see ODD_FROM)."""
+    ``odd_to`` is given, the tile of rows of an odd width up to it (see ODD_FROM); where
+    ``wide_sums``, WIDE_SUMS's chunk on rows in whole vectors from WIDE_ROW."""
     if block is not None or warps is not None:
         return (f"BLOCK_N, NUM_WARPS = {chunk}, {warps or LOOPED_WARPS}",)
     def thirty_two_bytes(n: int) -> tuple[int, int]:
@@ -331,13 +353,21 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
             tiers.insert(0, (f"n_cols <= {held}", (narrow[0], HELD_WARPS)))
         if short != narrow:     # ... f32 ones at some widths only: short chunks up to SHORTEST_ROW
             tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
-    lines = []
+    lines, branches = [], []
     if odd_to is not None:
-        lines = [f"# an odd width: {ODD_ROWS} rows a program (they share the weight's loads), short chunks",
-                 f"ODD = SHIFT and ROW_VEC == 1 and n_cols <= {odd_to}", "if ODD:",
-                 f"    BLOCK_ROWS, BLOCK_N, NUM_WARPS = min({ODD_ROWS}, _next_pow2(n_rows)), "
-                 f"{ODD_CHUNK_N}, {ODD_WARPS}"]
-    for test, (n, w) in tiers:
-        lines += [f"{'elif' if lines else 'if'} {test}:", f"    BLOCK_N, NUM_WARPS = {n}, {w}"]
+        lines += [f"# an odd width: {ODD_ROWS} rows a program (they share the weight's loads), short chunks",
+                  f"ODD = SHIFT and ROW_VEC == 1 and n_cols <= {odd_to}"]
+        branches.append(("ODD", f"BLOCK_ROWS, BLOCK_N, NUM_WARPS = min({ODD_ROWS}, _next_pow2(n_rows)), "
+                                f"{ODD_CHUNK_N}, {ODD_WARPS}"))
+    branches += [(test, f"BLOCK_N, NUM_WARPS = {n}, {w}") for test, (n, w) in tiers]
+    if wide_sums:
+        lines += [f"# sums alone, over rows of {WIDE_ROW} columns or more in whole vectors: longer chunks, "
+                  f"{WIDE_SUMS[3]} programs an SM",
+                  f"WIDE = n_cols >= {WIDE_ROW} and not SHIFT"]
+        branches.append(("WIDE", "BLOCK_N, NUM_WARPS = {}, {}".format(*WIDE_SUMS[:2])))
     setting = f"BLOCK_N, NUM_WARPS = {wide[0]}, {wide[1]}"
-    return (*lines, "else:", f"    {setting}") if lines else (setting,)
+    if not branches:
+        return (setting,)
+    for i, (test, line) in enumerate(branches):
+        lines += [f"{'elif' if i else 'if'} {test}:", f"    {line}"]
+    return (*lines, "else:", f"    {setting}")
