@@ -122,7 +122,7 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 # 1624-2252 -> 1782-2582 GB/s, +1-15%, e.g. 2236 -> 2484 at M = 1024, N = 65536; without a weight
 # -1% to +8%; capped at 128 registers 4-10% slower at 100000 columns; the same launch lost softmax
 # 2-7% and log-softmax up to 5%, layernorm in chunks of 8192 moved by -2% to +3%; shifted rows lost
-# 3-25%)
+# 3-25%; on an H200 rmsnorm -1% to +10%, without a weight -3% to +5%)
 WIDE_SUMS = (16384, 8, 3, 2)   # (BLOCK_N, num_warps, num_stages, programs per SM)
 # ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
 # and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100,
