@@ -116,6 +116,12 @@ LOOPED_STAGES = 4           # the column loops' num_stages, within ...
 # and 2 stages 1635)
 LOOPED_SMEM = 160 * 1024
 LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and 8 on wide softmax rows
+# ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
+# and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100,
+# f16 from 4097 to 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax
+# +2-21%, log-softmax -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001
+# columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
+HELD_SHIFTED_STAGES = 1
 # Kernels whose reductions are plain sums (rmsnorm; not Welford lanes) sweep 16-bit rows in whole
 # vectors from WIDE_ROW columns in longer chunks, in fewer warps, fewer programs an SM and no
 # register cap (on an H100, kernel time, f16 rmsnorm from 65536 to 524288 columns, M = 64 to 4096:
@@ -124,12 +130,6 @@ LOOPED_PER_SM = 8           # looped programs per SM: the fastest of 1, 2, 4 and
 # 2-7% and log-softmax up to 5%, layernorm in chunks of 8192 moved by -2% to +3%; shifted rows lost
 # 3-25%; on an H200 rmsnorm -1% to +10%, without a weight -3% to +5%)
 WIDE_SUMS = (16384, 8, 3, 2)   # (BLOCK_N, num_warps, num_stages, programs per SM)
-# ... but shifted rows that would fit on chip (up to MAX_BLOCK_N columns: see SHIFTED_MAX_BLOCK_N
-# and SHIFTED_F32_FILL) run a program a row, with no pipeline and no register cap (on an H100,
-# f16 from 4097 to 30522 columns against 8 programs an SM, 4 stages and 64 registers: softmax
-# +2-21%, log-softmax -2-+13%, layernorm -2-+9%, rmsnorm +2-19%; f16 at 50257 and f32 from 40001
-# columns moved by -11% to +8%, rows in whole vectors (f16 at 50176) lost 3-15%)
-HELD_SHIFTED_STAGES = 1
 # 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels that only sum
 # and scale by a weight along the row (an operand of [N]) loop, shifted, past ODD_FROM
 # columns, ODD_ROWS rows a program in chunks of ODD_CHUNK_N columns with ODD_WARPS warps,
