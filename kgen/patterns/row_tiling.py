@@ -268,7 +268,7 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     column_bytes = max(1, (rows or 1) * sum(dtype.bytes for dtype in along_row(kir)))
     chunk = block or CHUNK_N
     while block is None and stages is None and chunk > 1024 \
-            and (LOOPED_STAGES - 1) * chunk * column_bytes > LOOPED_SMEM:
+            and not _buffers_fit(LOOPED_STAGES, chunk, column_bytes):
         chunk //= 2
     looped_stages = stages or max(1, min(LOOPED_STAGES, 1 + LOOPED_SMEM // (chunk * column_bytes)))
     shift_from = min(widest, SHIFTED_MAX_BLOCK_N)
@@ -279,7 +279,7 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     held = widest if shift_from < widest and stages is None else None
     wide_chunk, _, wide_stages, _ = WIDE_SUMS
     wide_sums = sums and not lanes and not values and row_bytes(kir) < 4 \
-        and (wide_stages - 1) * wide_chunk * column_bytes <= LOOPED_SMEM
+        and _buffers_fit(wide_stages, wide_chunk, column_bytes)
     looped = _looped_block(block, warps, chunk, kir, lanes, held, odd_to if odd else None, wide_sums) + \
         _looped_launch(looped_stages, vec, held, odd, wide_sums)
     return Tiling(
@@ -294,6 +294,12 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         warps=text, narrower=narrower, looped=looped,
         split_warps=str(warps) if warps else SPLIT_WARPS, split_warps_per_sm=SPLIT_WARPS_PER_SM,
         odd=(ODD_FROM, odd_to) if odd else None)
+
+
+def _buffers_fit(stages: int, chunk: int, column_bytes: int) -> bool:
+    """Whether a column loop's pipeline (each stage past the first buffers a chunk of every
+    operand along the row) fits LOOPED_SMEM."""
+    return (stages - 1) * chunk * column_bytes <= LOOPED_SMEM
 
 
 def _looped_launch(stages: int, vec: int, held: int | None, odd: bool, wide_sums: bool) -> tuple[str, ...]:
