@@ -47,7 +47,7 @@ def call_recorded(label: str, call: Callable[[], object], needing: list[torch.Te
 
     def run():
         shape.append(call())
-        return tuple(_leaves(shape[0]))
+        return tuple(_own(t) for t in _leaves(shape[0]))
 
     flat = NoGradient.apply(label, run, *needing)
     return _rebuild(shape[0], iter(flat))
@@ -74,6 +74,17 @@ def _leaves(value) -> Iterator[torch.Tensor]:
     else:
         for item in value:
             yield from _leaves(item)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t``, over its memory, as a tensor of its own where it is a view: a grouped GEMM's
+    outputs are carved from one buffer, and autograd refuses in-place changes to outputs of a
+    function that returns several views of one base (and the views' shared version counter
+    would make a change to one look like a change to every other)."""
+    if not t._is_view():
+        return t
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                               t.stride())
 
 
 def _rebuild(value, flat: Iterator[torch.Tensor]):

@@ -884,6 +884,23 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
         torch.testing.assert_close(got.detach(), a[0] @ b[0].detach(), atol=2e-2, rtol=2e-2)   # TF32 on a GPU
         with pytest.raises(CallError, match=f"^{re.escape(label)}: a backward pass reached this kernel's outputs"):
             got.sum().backward()
+    # a grouped GEMM's outputs, carved from one buffer, change in place as separate results do
+    a, b = [torch.randn(3, 8, device=DEVICE), torch.randn(2, 8, device=DEVICE)], \
+        [torch.randn(8, 4, device=DEVICE, requires_grad=True), torch.randn(8, 4, device=DEVICE)]
+    c0, c1 = mm(a, b)
+    assert c0.requires_grad and c1.requires_grad and c0.untyped_storage().data_ptr() == c1.untyped_storage().data_ptr()
+    w = torch.randn(3, 4, device=DEVICE, requires_grad=True)
+    kept = c0.detach() * w.detach()
+    y = c0 * w                  # saves c0 for w's gradient: a change to c1 must not touch c0's version
+    c1.relu_()
+    torch.testing.assert_close(c1.detach(), (a[1] @ b[1]).relu(), atol=2e-2, rtol=2e-2)
+    (grad_w,) = torch.autograd.grad(y.sum(), w)
+    torch.testing.assert_close(grad_w, c0.detach())
+    torch.testing.assert_close(y.detach(), kept)
+    c0.add_(1)
+    torch.testing.assert_close(c0.detach(), a[0] @ b[0].detach() + 1, atol=2e-2, rtol=2e-2)
+    with pytest.raises(CallError, match="^c: a backward pass reached this kernel's outputs"):
+        c1.sum().backward()
 
 
 def test_a_kernel_first_called_inside_torch_compile():
