@@ -339,6 +339,9 @@ class HeaderlessKernel:
         rows = first.shape[0]
         key = []
         for name, a in zip(self.inputs, args):
+            if isinstance(a, (list, tuple)):
+                raise CallError(f"moe: {name}: expected a tensor (the MoE form stacks the problems in one), "
+                                f"got {type(a).__name__}")
             if not isinstance(a, torch.Tensor):
                 key.append(_number_key(a))
                 continue

@@ -714,6 +714,11 @@ def test_headerless_moe_says_how_it_read_a_tensor_that_does_not_fit():
             "'@' needs 2-D or 3-D operands, got f32[K] (the MoE form read X (10, 8) as the problems' rows; "
             "W (8, 6) as one (6,) per problem)")):
         k.moe(randn(10, 8), randn(8, 6), offs=[10])
+    w = randn(8, 6)
+    for listed in ([w], (w,)):   # the list form's lists: the MoE form takes one tensor a parameter
+        with pytest.raises(kgen.CallError, match=f"^y: moe: W: expected a tensor \\(the MoE form stacks the problems "
+                                                 f"in one\\), got {type(listed).__name__}$"):
+            k.moe(randn(10, 8), listed, offs=[10])
 
 
 def test_grouped_inputs_that_are_not_lists():
