@@ -21,7 +21,7 @@ from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
 from .reference import evaluate_node
-from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, topo_order, type_str
+from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, topo_order, type_str
 
 
 @dataclass(frozen=True)
@@ -368,8 +368,9 @@ class _Checker:
                 raise SpecError(f"'{a.target.id}' is {what}; give each value its own name", a.target.span)
             node = self.expr(a.value, env)
             env[a.target.id] = node
-            source = _source(self.module.text, a.span)
-            stmts.append(Stmt(a.target.id, node, source, a.span))
+            stmt = Stmt(a.target.id, node, _source(self.module.text, a.span), a.span)
+            parts = in_parts(stmt, {id(n) for n in env.values()} - {id(node)}, sum(s.name[0] == "_" for s in stmts))
+            stmts += [*parts, stmt]
         by_name = {s.name: s for s in stmts}
         outputs = []
         for o in k.outputs:

@@ -135,6 +135,39 @@ def topo_order(roots, stop=frozenset()) -> list[Node]:
     return order
 
 
+# Generated code nests about as deep as the math it prints, a cast (``x.to(tl.float16).to(
+# tl.float32)``) four levels of Python's syntax tree, a clamp with both bounds two brackets:
+# Triton's code generator and interpreter walk that tree recursively, and Python's parser takes
+# at most 200 nested brackets.  So a statement whose code would nest past PART_DEPTH levels (by
+# these costs, every other operation 3) is printed in parts, each a value of its own.
+PART_DEPTH = 48
+_PART_COST = {Op.CAST: 6, Op.CLAMP: 4}
+
+
+def in_parts(stmt: Stmt, named: set[int], taken: int) -> list[Stmt]:
+    """Statements that name the parts of ``stmt``'s math nested past PART_DEPTH levels, inner
+    ones first (``_part1``, ``_part2``, ... from ``taken + 1``: a name no spec may take), for
+    ``stmt`` to follow; ``named``: the ids of nodes that earlier statements and parameters name."""
+    height: dict[int, int] = {}
+    parts = []
+    for node in topo_order([stmt.node], stop=named):
+        if id(node) in named or node.op in LEAVES:
+            height[id(node)] = 0
+            continue
+        height[id(node)] = _PART_COST.get(node.op, 3) + max(height[id(i)] for i in node.inputs)
+        if height[id(node)] > PART_DEPTH and node is not stmt.node and node.op in POINTWISE:
+            parts.append(Stmt(f"_part{taken + len(parts) + 1}", node,
+                              f"(a part of {stmt.name}, below: its code would nest past {PART_DEPTH} levels)",
+                              stmt.span))
+            height[id(node)] = 0
+    return parts
+
+
+def is_part(stmt: Stmt) -> bool:
+    """Whether ``stmt`` names a part of a spec statement (``in_parts``), not a spec statement."""
+    return stmt.name.startswith("_part")
+
+
 def format_ir(kir: KernelIR) -> str:
     """A readable dump for ``kgen show --emit ir``."""
     params = ", ".join(f"{p.name}: {'[' if p.is_list else ''}{type_str(p.dtype, p.shape)}"

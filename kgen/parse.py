@@ -98,8 +98,9 @@ def parse(text: str, path: str = "<string>") -> S.Module:
     return module
 
 
-# Generated code nests about one bracket per level of a statement, and Python's parser
-# takes at most 200 nested brackets: deeper statements are refused here, at their span.
+# The checker and the printer recurse through a statement, a few frames a level: deeper
+# statements are refused here, at their span.  (Generated code stays shallower than Python's
+# parser and Triton's compiler take whatever the depth: ir.in_parts.)
 MAX_DEPTH = 150
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ from kgen.errors import CallError, KgenError, SpecError, UnsupportedError
 from kgen.parse import parse
 from kgen.pipeline import generate
 
-from conftest import examples
+from conftest import DEVICE, examples
 
 PATH = "specs/bad.k"
 
@@ -274,8 +275,7 @@ def test_deep_nesting_is_a_spec_error_at_its_statement(statement):
                                           (lambda s: f"X ** {s}", 1), (lambda s: f"X / ({s} + 2.0)", 2),
                                           (lambda s: f"where(X > 0, {s}, X)", 1)])
 def test_statements_nested_past_the_limit_fail_at_their_line(nest, levels):
-    """Generated code nests about one bracket per level and Python takes 200 at most: a
-    statement deeper than MAX_DEPTH is a SpecError at the statement, never a SyntaxError
+    """A statement deeper than MAX_DEPTH is a SpecError at the statement, never a SyntaxError
     or RecursionError from inside; one level less compiles."""
     from kgen.parse import MAX_DEPTH
     def spec(depth):
@@ -288,6 +288,44 @@ def test_statements_nested_past_the_limit_fail_at_their_line(nest, levels):
         with pytest.raises(SpecError) as info:
             generate(spec(depth), PATH)
         assert "deep" in info.value.message and info.value.span.line in (1, 3), str(info.value)
+
+
+# chains that print deeper than one level each: a clamp with both bounds is two calls, a cast to
+# f16 `.to(tl.float16).to(tl.float32)`, an integer to bf16 three `.to(...)`s
+CHAINS = {"clamp": (1, lambda s: f"clamp({s}, -40.0, 40.0)", lambda x: x.clamp(-40, 40)),
+          "f16": (1, lambda s: f"f16({s})", lambda x: x.half().float()),
+          "bf16 of i32": (2, lambda s: f"bf16(i32({s}))", lambda x: x.int().bfloat16().float())}
+
+
+@pytest.mark.parametrize("pattern", ["elementwise", "row reduction", "gemm prologue", "gemm epilogue"])
+@pytest.mark.parametrize("chain", CHAINS)
+def test_statements_nested_to_the_limit_run_in_every_pattern(chain, pattern):
+    """Code nested deeper than Triton's compiler and interpreter recurse or Python's parser
+    takes is printed in named parts (ir.in_parts): a statement as deep as the limit allows
+    runs and computes what torch computes, in every pattern (values are small integers, so
+    every chain is exact)."""
+    from kgen.parse import MAX_DEPTH
+    levels, nest, ref = CHAINS[chain]
+
+    def deep(s):
+        for _ in range((MAX_DEPTH - 3) // levels):
+            s = nest(s)
+        return s
+
+    def ints(*shape, dtype=torch.float32):
+        return torch.randint(-60, 60, shape, device=DEVICE).to(dtype)
+    x, a, b = ints(4, 24), ints(16, 8), ints(8, 16, dtype=torch.float16)
+    body, params, args, want = {
+        "elementwise": (f"Y = {deep('X')}", "X: f32[M, N]", (x,), ref(x)),
+        "row reduction": (f"Y = X - max({deep('X')})", "X: f32[M, N]", (x,), x - ref(x).amax(-1, keepdim=True)),
+        "gemm prologue": (f"Y = f16({deep('A')}) @ B", "A: f32[M, K], B: f16[K, N]", (a, b),
+                          ref(a).half().float() @ b.float()),
+        "gemm epilogue": (f"Y = {deep('A @ B')}", "A: f16[M, K], B: f16[K, N]", (a.half() / 8, b.clamp(-2, 2)),
+                          ref(a.half().float() / 8 @ b.clamp(-2, 2).float())),   # sums below 256, bf16's exact
+    }[pattern]
+    k = kgen.compile(K(body, params, "Y: f32[M, N]"))
+    assert "_part1 = " in k.source
+    torch.testing.assert_close(k(*args), want, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("where", ["expression", "dimension", "default", "schedule"])

@@ -61,7 +61,7 @@ import torch
 from ..autotune import Tuning
 from .. import dtypes as D
 from ..errors import SpecError, UnsupportedError
-from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, topo_order
+from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, is_part, topo_order
 from ..lower import CALL, Line, Printer, config_check, config_text, helpers_for, statement_lines, store_cast
 from ..render import comment_safe
 from .host import Host, check_locals, host
@@ -506,6 +506,12 @@ def _with_prologue(tile: Tile, operand: Node, source: Node, names: dict, kir: Ke
         return tile
     loaded = tile.tile + _load_cast(source.dtype)
     printer = Printer({**names, id(source): loaded})
+    parts = []   # a prologue nested too deep to print whole (ir.in_parts), in its parts
+    inside = {id(n) for n in topo_order([operand])}
+    for stmt in kir.stmts:
+        if is_part(stmt) and id(stmt.node) in inside:
+            parts.append(f"{stmt.name} = {printer.expr(stmt.node)[0]}")
+            printer.names[id(stmt.node)] = stmt.name
     if operand.op is Op.CAST and operand.arg.bits < 32:   # f16(relu(A)): round once, on the result
         text, prec = printer.expr(operand.inputs[0])
         text = f"({text})" if prec < CALL else text
@@ -518,7 +524,7 @@ def _with_prologue(tile: Tile, operand: Node, source: Node, names: dict, kir: Ke
     zero_fill = any(n.op not in (Op.CAST, Op.INPUT) for n in sub)
     comment = _span_text(kir, operand) + f", on each tile of {source.arg}"
     return Tile(tile.tile, tile.ptrs, tile.base, tile.k_mask, tile.step,
-                (Line(comment, (f"{tile.tile} = {text}",)),), zero_fill)
+                (Line(comment, (*parts, f"{tile.tile} = {text}")),), zero_fill)
 
 
 def _epilogue_load(name: str, shape, rank: int, dtype) -> tuple[str, set[int]]:
