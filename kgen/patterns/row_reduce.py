@@ -123,6 +123,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from .. import dtypes as D
 from ..check import _source
 from ..errors import UnsupportedError
 from ..ir import REDUCTIONS, Dim, KernelIR, Node, Op, Shape, topo_order, type_str
@@ -539,7 +540,8 @@ def match(kir: KernelIR):
 
 def _drop_unit_reductions(kir: KernelIR) -> KernelIR:
     """A reduction over an axis of size 1 is its input (a headerless call specializes
-    size-1 axes to 1): rebuild the graph without them."""
+    size-1 axes to 1), a float sum or mean its input plus 0 (torch's sum of -0.0 is +0.0):
+    rebuild the graph without them."""
     new: dict[int, Node] = {}
 
     def get(n: Node) -> Node:
@@ -548,7 +550,9 @@ def _drop_unit_reductions(kir: KernelIR) -> KernelIR:
     roots = [s.node for s in kir.stmts] + [o.node for o in kir.outputs]
     for n in topo_order(roots):
         if n.op in REDUCTIONS and n.inputs[0].shape[n.arg] == 1:
-            new[id(n)] = get(n.inputs[0])
+            x = get(n.inputs[0])
+            new[id(n)] = Node(Op.ADD, n.dtype, x.shape, (x, Node(Op.CONST, D.F32, (), (), 0.0)), None, n.span) \
+                if n.op in (Op.SUM, Op.MEAN) and n.dtype.is_float else x
         elif any(id(i) in new for i in n.inputs):
             new[id(n)] = Node(n.op, n.dtype, n.shape, tuple(get(i) for i in n.inputs), n.arg, n.span)
     if not new:
