@@ -747,6 +747,19 @@ def test_headerless_outputs_from_different_inputs_share_their_shape():
         k(a, c, c)
 
 
+def test_a_dimension_repeated_in_one_tensor_says_its_size():
+    """f32[N, N]: the first axis gives N, which the second must match; the message shows both
+    sizes, not a free first axis."""
+    square = kgen.compile("kernel f(x: f32[N, N]) -> y { y = x * 2 }")
+    with pytest.raises(kgen.CallError, match=r"^f: x: expected f32\[N, N\] = \[3, 3\] \(sizes from x\), "
+                                             r"got shape \(3, 4\)$"):
+        square(torch.randn(3, 4, device=DEVICE))
+    x = torch.randn(3, 3, device=DEVICE)
+    assert_matches(square(x), x.double() * 2)
+    with pytest.raises(kgen.CallError, match=r"x: expected f32\[M, M\] = \[4, 4\] \(sizes from x\)"):
+        kgen.compile("y = x @ x")(torch.randn(4, 8, device=DEVICE))
+
+
 def test_out_argument_is_written_and_returned():
     k = kgen.compile("Y = X * 2; Z = X + 1")
     x = torch.randn(3, 4, device=DEVICE)

@@ -79,7 +79,8 @@ def host(kir: KernelIR, inplace: bool = False, extra: tuple[str, ...] = ()) -> H
         else:
             checks.extend(f"{d} = {p.name}.shape[{axis}]" for axis, d in binding.items())
         bound.update({d: p.name for d in binding.values()})
-        expected = [None if axis in binding else d for axis, d in enumerate(p.shape)]
+        # an axis that gives a symbol is free, unless the symbol comes again (f32[N, N]: [3, 3])
+        expected = [None if axis in binding and p.shape.count(d) == 1 else d for axis, d in enumerate(p.shape)]
         if any(e is not None for e in expected):
             sources = ", ".join(sorted({bound[d] for d in expected if isinstance(d, str)}))
             sizes = ", ".join(str(e) for e in expected)
