@@ -163,7 +163,10 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
         else:
             what = f"unexpected {str(tok)!r}"
             width = max(1, len(str(tok)))
-    tokens = getattr(e, "expected", None) or ()
+    # what the parser would take here: its state's own list (``expected``) also names tokens of
+    # the states LALR merged into it (a '}' after a headerless statement)
+    interactive = getattr(e, "interactive_parser", None)
+    tokens = (interactive.accepts() if interactive is not None else None) or getattr(e, "expected", None) or ()
     expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower())) for t in tokens if t != "_SEP"})
     if expected and len(expected) <= 6:
         what += "; expected " + ", ".join(expected)

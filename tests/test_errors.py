@@ -51,6 +51,10 @@ CASES = [
     ("unexpected end of input", "kernel f(X: f16[M, N]) -> Y: f16[M, N] {\n    Y = X\n", 2, 10,
      "unexpected end of input; expected '}'", SpecError),
     ("unclosed parenthesis", "Y = (X + 1", 1, 11, "unexpected end of input; expected ')'", SpecError),
+    # what the parser takes there, not what other states LALR merged with its own would
+    ("closing a bracket never opened", "Y = X)", 1, 6, "unexpected ')'; expected the end of the input", SpecError),
+    ("a float schedule value", K("Y = X", tail="schedule f {\n    num_warps = 4.0\n}\n"), 5, 18,
+     "unexpected '.0'; expected '}'", SpecError),
     ("unexpected character", "Y = X $ 2", 1, 7, "unexpected character '$'", SpecError),
     ("indented with a tab", "kernel f(X: f16[M, N]) -> Y: f16[M, N] {\n\tY = sigmod(X)\n}\n", 2, 6,
      "unknown function 'sigmod'", SpecError),
