@@ -278,7 +278,7 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
                             f"{display_path(target)}; build them into separate folders (-o)")
         sources[target] = f
     if not check:
-        return problems + write_problems(out, list(sources), force, "use --force")
+        return problems + write_problems(out, list(sources), force, "use --force", specs)
     # a module that --check would call missing could never be built
     return problems + list(name_problems(out, list(sources)).values())
 

@@ -649,7 +649,7 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     text, shown = read_spec(Path(path))
     generated = generate(text, shown)
     target = out / (Path(path).stem + ".py")
-    problems = write_problems(out, [target], force, "pass force=True")
+    problems = write_problems(out, [target], force, "pass force=True", [Path(path)])
     if problems:
         raise KgenError("; ".join(problems))
     write_target(target, generated.source)

@@ -623,6 +623,24 @@ def test_a_target_with_non_ascii_bytes_was_not_generated_by_kgen(project, capsys
     assert target.read_text() == generate((project / "specs" / "vector_add.k").read_text(), "specs/vector_add.k").source
 
 
+def test_a_spec_is_never_overwritten_by_its_own_module(project, capsys):
+    """A spec named like a module (x.py) built into its own folder would be replaced by what it
+    generated: refused, --force or not, by the command line and by kgen.build alike."""
+    spec = project / "sp" / "va.py"
+    spec.parent.mkdir()
+    text = (project / "specs" / "vector_add.k").read_text()
+    spec.write_text(text)
+    for force in ([], ["--force"]):
+        assert main(["build", "sp/va.py", "-o", "sp", *force]) == 1
+        assert "error: sp/va.py is a spec being built; build it into another folder" in capsys.readouterr().err
+    for force in (False, True):
+        with pytest.raises(kgen.KgenError, match="is a spec being built"):
+            kgen.build("sp/va.py", "sp", force=force)
+    assert spec.read_text() == text
+    assert main(["build", "sp/va.py", "-o", "out"]) == 0
+    assert (project / "out" / "va.py").read_text() == generate(text, "sp/va.py").source
+
+
 @pytest.mark.parametrize("seed", [-1, 2**64, -(2**63)])
 def test_run_refuses_a_seed_torch_does_not_take(project, capsys, seed):
     assert main(["run", "specs/vector_add.k", "--shape", "N=8", "--seed", str(seed)]) == 1
