@@ -159,7 +159,7 @@ def spec_files(paths: list[Path]) -> list[Path]:
     files, seen = [], set()
     for p in paths:
         if _named_kind(p) == "a folder":
-            found = sorted(f for f in p.rglob("*.k") if f.is_file())   # not a FIFO or a folder named x.k
+            found = _specs_under(p)
         else:
             found = [p]
         for f in found:
@@ -169,6 +169,18 @@ def spec_files(paths: list[Path]) -> list[Path]:
                 seen.add(key)
                 files.append(f)
     return files
+
+
+def _specs_under(folder: Path) -> list[Path]:
+    """The .k files under ``folder``, sorted (regular files: not a FIFO or a folder named x.k;
+    linked folders not followed).  A folder that cannot be read is an error, not a gap: --check
+    would call its specs' modules orphaned, and a build would leave them behind."""
+    def refuse(e: OSError):
+        raise KgenError(f"{abridged(display_path(Path(e.filename)))}: cannot read the folder ({e.strerror or e})")
+    found = []
+    for root, _, names in os.walk(folder, onerror=refuse):
+        found += [Path(root) / name for name in names if name.endswith(".k")]
+    return sorted(f for f in found if f.is_file())
 
 
 def _named_kind(path: Path) -> str:

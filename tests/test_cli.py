@@ -623,6 +623,30 @@ def test_a_target_with_non_ascii_bytes_was_not_generated_by_kgen(project, capsys
     assert target.read_text() == generate((project / "specs" / "vector_add.k").read_text(), "specs/vector_add.k").source
 
 
+def test_a_folder_that_cannot_be_read_is_an_error_not_a_gap(project, capsys, monkeypatch):
+    """A folder under a built one that cannot be listed (no permission) is an error naming it:
+    skipped, its specs' modules would be left stale by a build and called orphaned by --check."""
+    more = project / "specs" / "more"
+    more.mkdir()
+    shutil.copy(ROOT / "specs" / "vector_add.k", more / "vector_add2.k")
+    assert main(["build", "specs", "-o", "out"]) == 0
+    assert (project / "out" / "vector_add2.py").is_file()
+    capsys.readouterr()
+    listing = os.scandir
+
+    def unreadable(path="."):   # as a folder without read permission lists, for root too
+        if Path(path).resolve() == more.resolve():
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return listing(path)
+    monkeypatch.setattr(os, "scandir", unreadable)
+    before = snapshot(project / "out")
+    for command in (["build", "specs", "--check", "-o", "out"], ["build", "specs", "-o", "out"]):
+        assert main(command) == 1
+        err = capsys.readouterr().err
+        assert err == "error: specs/more: cannot read the folder (Permission denied)\n", err
+    assert snapshot(project / "out") == before
+
+
 def test_a_spec_is_never_overwritten_by_its_own_module(project, capsys):
     """A spec named like a module (x.py) built into its own folder would be replaced by what it
     generated: refused, --force or not, by the command line and by kgen.build alike."""
