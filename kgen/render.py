@@ -37,19 +37,21 @@ def environment() -> jinja2.Environment:
 
 def comment_safe(text: str) -> str:
     """Text for a ``#`` comment: printable ASCII only, so it can never end the line; other
-    characters as Python escapes them (``\\xe9``, ``\\u2028``, ``\\U0001f600``), which
-    ``comment_text`` undoes."""
-    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else
+    characters as Python escapes them (``\\xe9``, ``\\u2028``, ``\\U0001f600``), and a
+    backslash doubled (a path's ``\\x41`` is no ``A``), which ``comment_text`` undoes."""
+    return "".join("\\\\" if c == "\\" else c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else
                    f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in text)
 
 
-_ESCAPE = re.compile(r"\\(?:x([0-9a-f]{2})|u([0-9a-f]{4})|U([0-9a-f]{8}))")
+_ESCAPE = re.compile(r"\\(?:(\\)|x([0-9a-f]{2})|u([0-9a-f]{4})|U([0-9a-f]{8}))")
 
 
 def comment_text(text: str) -> str:
     """The text ``comment_safe`` printed (a spec path in a module's header: a non-UTF-8 file
     name's bytes come back as the surrogates Python names them by)."""
     def char(m: re.Match) -> str:
+        if m.group(1):
+            return "\\"
         code = int(next(g for g in m.groups() if g), 16)
         return chr(code) if code <= 0x10FFFF else m.group(0)
     return _ESCAPE.sub(char, text)

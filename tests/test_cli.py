@@ -123,6 +123,20 @@ def test_check_calls_orphaned_only_a_module_whose_spec_is_gone(project, capsys):
     assert "out2/softmax.py: orphaned (specs/linked/softmax.k is gone" in capsys.readouterr().out
 
 
+def test_a_backslash_in_a_spec_path_is_no_escape(project, capsys):
+    """The header escapes what is not printable ASCII (\\xe9) and doubles a backslash, so a
+    spec named with a literal backslash and x41 is not read back as one named A: up to date."""
+    weird = project / "specs" / "\\x41.k"
+    shutil.copy(ROOT / "specs" / "softmax.k", weird)
+    assert main(["build", "specs", "-o", "out"]) == 0
+    assert b"specs/\\\\x41.k" in (project / "out" / "\\x41.py").read_bytes().split(b"\n")[0]
+    capsys.readouterr()
+    assert main(["build", "specs", "-o", "out", "--check"]) == 0, capsys.readouterr().out
+    weird.unlink()
+    assert main(["build", "specs", "-o", "out", "--check"]) == 1
+    assert "out/\\x41.py: orphaned (specs/\\\\x41.k is gone" in capsys.readouterr().out   # as the header shows it
+
+
 def test_check_notices_a_changed_spec(project, capsys):
     main(["build", "specs"])
     spec = project / "specs" / "vector_add.k"
