@@ -291,7 +291,9 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
         sources[target] = f
     if not check:
         return problems + write_problems(out, list(sources), force, "use --force", specs)
-    # a module that --check would call missing could never be built
+    # a module that --check would call missing could never be built, nor into a file
+    if out.exists() and not out.is_dir():
+        return problems + [f"{display_path(out)} is a file, not a folder to write into"]
     return problems + list(name_problems(out, list(sources)).values())
 
 

@@ -1003,6 +1003,7 @@ def test_check_ends_with_the_command_that_regenerates(project, capsys, out):
     (["show", "specs"], "specs: expected a spec file, got a folder"),
     (["run", "specs"], "specs: expected a spec file, got a folder"),
     (["build", "specs/vector_add.k", "-o", "specs/vector_add.k"], "specs/vector_add.k is a file, not a folder"),
+    (["build", "specs/vector_add.k", "-o", "specs/vector_add.k", "--check"], "specs/vector_add.k is a file, not a folder"),
     (["run", "specs/vector_add.k", "--shape", "N=2**"], "--shape: expected NAME=SIZE"),
     (["run", "specs/vector_add.k", "--dtype", "f64"], "--dtype: expected f16, bf16 or f32, got 'f64'"),
     (["bench", "specs/vector_add.k", "--dtype", "i32"], "--dtype: expected f16, bf16 or f32, got 'i32'"),
