@@ -110,6 +110,9 @@ def load(source: str):
             if not intact:
                 directory.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, source)
+        except IsADirectoryError:   # never removed: a folder is no entry kgen wrote
+            raise KgenError(f"the module cache entry {path} is a folder: remove it, or set KGEN_CACHE_DIR to "
+                            f"another folder") from None
         except OSError as e:
             raise KgenError(f"cannot write the module cache in {directory} (set KGEN_CACHE_DIR to a writable "
                             f"folder): {e}") from None

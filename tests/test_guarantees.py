@@ -528,3 +528,21 @@ def test_an_unusable_cache_folder_is_a_kgen_error(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_modules", {})
     with pytest.raises(kgen.KgenError, match="cannot write the module cache"):
         kgen.compile("kernel cache_probe(x: f32[N]) -> y: f32[N] { y = x + 5 }")
+
+
+def test_a_folder_at_a_module_cache_entry_is_named_and_left(tmp_path, monkeypatch):
+    """A folder where a cached module goes is no entry kgen wrote: never removed, and the error
+    names it rather than calling the cache folder unwritable."""
+    from kgen import runtime
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_modules", {})
+    text = "kernel entry_probe(x: f32[N]) -> y: f32[N] { y = x + 7 }"
+    kgen.compile(text)
+    (entry,) = tmp_path.glob("kgen_*.py")
+    entry.unlink()
+    entry.mkdir()
+    (entry / "mine").write_text("kept")
+    monkeypatch.setattr(runtime, "_modules", {})
+    with pytest.raises(kgen.KgenError, match=f"the module cache entry {re.escape(str(entry))} is a folder: remove it"):
+        kgen.compile(text)
+    assert (entry / "mine").read_text() == "kept"
