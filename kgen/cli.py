@@ -5,13 +5,17 @@ import argparse
 import io
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .errors import KgenError
 from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, read_regular
 
 SUITE_NAMES = ("gemm", "grouped", "linear", "norms", "softmax")   # kgen/suites.py (imported on use: torch)
+# what every command imports (seconds: torch and Triton), with Ctrl-C held (import_held)
+HEAVY = ("torch", "triton", "kgen.runtime")
 SIGPIPE_STATUS = 141    # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 # the path arguments of each command and what each must name (checked before a command runs)
 PATH_ARGUMENTS = {"paths": ("PATH", "a .k file or a folder"), "path": ("PATH", "a spec file"),
@@ -37,6 +41,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
         _paths(args)
+        import_held(HEAVY)
         return COMMANDS[args.command](args)
     except KgenError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -44,6 +49,26 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:   # each file is written whole or not at all; say which were, above
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def import_held(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` with Ctrl-C held until they are in.  A KeyboardInterrupt inside torch's
+    import can leave it half-loaded (numpy then refuses a second load, or C++ aborts); held (its
+    handler only notes it), it comes after the import, as the command's own "error: interrupted"."""
+    import importlib
+    if threading.current_thread() is not threading.main_thread():   # only it takes signal handlers
+        for name in modules:
+            importlib.import_module(name)
+        return
+    pressed = []
+    before = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:

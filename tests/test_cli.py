@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -746,6 +747,21 @@ def test_the_command_line_imports_torch_only_to_run_a_command():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": path})
     assert result.returncode == 0 and result.stdout.strip() == "[]", (result.stdout, result.stderr)
+
+
+def test_a_ctrl_c_during_the_imports_comes_after_them(tmp_path, monkeypatch):
+    """A Ctrl-C while a command imports torch (seconds) is held until the import is done, then
+    raised, so that the command says "error: interrupted" rather than leaving torch half-loaded
+    (numpy then refuses a second load, or C++ aborts)."""
+    from kgen.cli import import_held
+    (tmp_path / "slow_probe.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_probe", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        import_held(("slow_probe",))
+    assert sys.modules["slow_probe"].DONE
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C is handled as before"
 
 
 @pytest.mark.parametrize("option, path, message", [
