@@ -89,8 +89,16 @@ class Tuning:
 MARGIN = 0.02
 
 
+_SWITCH = {"": True, "1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False,
+           "no": False}
+
+
 def enabled() -> bool:
-    return os.environ.get("KGEN_AUTOTUNE", "1").strip() not in ("0", "false", "off", "no")
+    """KGEN_AUTOTUNE, in any case; a value that is neither on nor off (a typo) is an error, not a guess."""
+    value = os.environ.get("KGEN_AUTOTUNE", "1")
+    if value.strip().lower() not in _SWITCH:
+        raise KgenError(f"KGEN_AUTOTUNE: expected 1 or 0 (or true/false, on/off, yes/no), got {value!r}")
+    return _SWITCH[value.strip().lower()]
 
 
 def problem_key(arguments: dict, buckets=()) -> str:

@@ -876,6 +876,13 @@ def test_autotune_off_and_interpreter_use_the_heuristic(cache, monkeypatch):
     monkeypatch.setenv("KGEN_AUTOTUNE", "0")                         # read when the kernel is compiled
     off = autotune.Tuner(host, autotune.Tuning(CONFIGS), kernel.source, kernel.name, bench=fake_clock({}, calls))
     assert off.choose(args, {}) is None
+    for value, on in (("OFF", False), ("False", False), (" no ", False), ("On", True), ("TRUE", True), ("", True)):
+        monkeypatch.setenv("KGEN_AUTOTUNE", value)
+        assert autotune.enabled() is on, value
+    monkeypatch.setenv("KGEN_AUTOTUNE", "of")
+    with pytest.raises(kgen.KgenError, match="KGEN_AUTOTUNE: expected 1 or 0 \\(or true/false, on/off, yes/no\\), "
+                                             "got 'of'"):
+        autotune.Tuner(host, autotune.Tuning(CONFIGS), kernel.source, kernel.name, bench=fake_clock({}, calls))
     monkeypatch.delenv("KGEN_AUTOTUNE")
     tuner = make_tuner(kernel, fake_clock({}, calls))
     assert tuner.choose(args, {"config": CONFIGS[0]}) is None       # the caller's own config wins
