@@ -477,7 +477,7 @@ def log_softmax(X, *, out=None):
     device = _device(("X", X))
     Y, = _outputs(out, device, (("X", X),), ("Y", (M, N), torch.float16))
     n_rows, n_cols = M, N
-    if n_rows == 0:
+    if Y.numel() == 0:   # no rows, or rows of no columns and no per-row outputs
         return Y
     BLOCK_N = _next_pow2(max(n_cols, 1))
     # the rows move in vectors of ROW_VEC elements on chip (8: 16 bytes)

@@ -1130,6 +1130,10 @@ def test_zero_sizes(watch):
     assert Y.shape == (0, 5) and mu.shape == (0, 1) and rstd.shape == (0, 1)
     assert launches[0].count == launches[1].count == 0
     assert kernel(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)
+    assert launches[0].count == 0, "rows of no columns and no per-row output: nothing to write"
+    Y, mu, rstd = layernorm(torch.empty(3, 0, device=DEVICE), torch.ones(0, device=DEVICE),
+                            torch.zeros(0, device=DEVICE))
+    assert Y.shape == (3, 0) and mu.isnan().all() and launches[1].count == 1   # per-row outputs: NaN, as torch
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

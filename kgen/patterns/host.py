@@ -24,6 +24,11 @@ class Host:
     returns: str                 # "Y" or "(Y, Z)"
     docstring: str
 
+    @property
+    def nothing_to_write(self) -> str:
+        """``Y.numel() == 0 and Z.numel() == 0``: every output empty, so no launch."""
+        return " and ".join(f"{o}.numel() == 0" for o in self.outputs)
+
 
 def torch_dtype(dtype: DType) -> str:
     return f"torch.{str(dtype.torch).removeprefix('torch.')}"
