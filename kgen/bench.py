@@ -239,6 +239,15 @@ def _outputs_tuple(result):
     return result if isinstance(result, tuple) else (result,)   # a grouped kernel's output is a list
 
 
+def _problem_shapes(outputs: list, shown: int = 8) -> str:
+    """``[(16, 16), (16, 16)]``; of more problems than ``shown``, the first few and how many more
+    (``groups`` may be 4096: one line, not 40 KB of it)."""
+    shapes = [str(tuple(t.shape)) for t in outputs]
+    if len(shapes) > shown:
+        shapes = shapes[:shown - 1] + [f"... {len(shapes) - shown + 1} more"]
+    return f"[{', '.join(shapes)}]"
+
+
 def run_once(args) -> int:
     """``kgen run``: random inputs, the kernel, the reference, the max error and the inf/NaN
     mismatches (a KgenError where there are any)."""
@@ -281,7 +290,7 @@ def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, s
     mismatched = []
     for name, g, w in zip(kernel.outputs, got, want):
         shown = f"{g.dtype} {tuple(g.shape)}" if not isinstance(g, list) else \
-            f"{len(g)} x {g[0].dtype if g else ''} {[tuple(t.shape) for t in g]}"
+            f"{len(g)} x {g[0].dtype if g else ''} {_problem_shapes(g)}"
         max_err, wrong = compare(g, w)
         print(f"  {name}: {shown}  max abs error {max_err:.3g}" + (f", {wrong} inf/NaN mismatch(es)" if wrong else ""))
         if wrong:

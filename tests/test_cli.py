@@ -903,6 +903,8 @@ def test_groups_is_for_kernels_with_lists_and_in_range(project, capsys, command,
 def test_groups_sets_the_number_of_problems(project, capsys):
     assert main(["run", GROUPED, "--shape", "M=16,K=16,N=16,groups=3"]) == 0
     assert "C: 3 x torch.float16 [(16, 16), (16, 16), (16, 16)]" in capsys.readouterr().out
+    assert main(["run", GROUPED, "--shape", "M=1,K=1,N=1,groups=40"]) == 0   # one short line for many
+    assert f"C: 40 x torch.float16 [{'(1, 1), ' * 7}... 33 more]  max abs error" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, message", [
