@@ -123,8 +123,10 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
         own = syms + ([GROUPS] if has_lists(kir) and GROUPS not in syms else [])
         unknown = [k for k in point if k not in own and k not in known]
         if unknown:
-            raise KgenError(f"--shape: {', '.join(unknown)} is not a dimension of {kir.name} "
-                            f"(its dimensions: {', '.join(syms) or 'none'})" + _groups_hint(unknown))
+            what = "is not a dimension" if len(unknown) == 1 else "are not dimensions"
+            whose = f"of {kir.name} (its dimensions: {', '.join(syms) or 'none'})" if set(known) <= set(own) else \
+                f"of any of the file's kernels (theirs: {', '.join(sorted(set(known) | set(own)))})"
+            raise KgenError(f"--shape: {', '.join(unknown)} {what} {whose}" + _groups_hint(unknown))
         given = {k: v for k, v in point.items() if k in own}
         if GROUPS in given and GROUPS not in syms and not 1 <= given[GROUPS] <= MAX_GROUPS:
             raise KgenError(f"--shape: {GROUPS}= is the number of problems of {kir.name}'s lists, "

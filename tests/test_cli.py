@@ -432,7 +432,10 @@ def test_run_on_several_kernels_gives_each_its_own_dimensions(project, capsys):
     out = capsys.readouterr().out
     assert "y: torch.float32 (16,)" in out and "C: torch.float32 (8, 16)" in out
     assert main(["run", "specs/two.k", "--shape", "Q=8"]) != 0
-    assert "Q is not a dimension of add" in capsys.readouterr().err
+    assert "error: --shape: Q is not a dimension of any of the file's kernels (theirs: K, M, N)" \
+        in capsys.readouterr().err
+    assert main(["run", "specs/vector_add.k", "--shape", "Q=8,R=2"]) != 0
+    assert "error: --shape: Q, R are not dimensions of vector_add (its dimensions: N)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["show", "specs/bare.k", "--emit", "ir"], ["build", "specs/bare.k"]])
