@@ -527,7 +527,8 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
                            ("mu", (M, 1), torch.float32),
                            ("rstd", (M, 1), torch.float32))
     n_rows, n_cols = M, N
-    if Y.numel() == 0 and mu.numel() == 0 and rstd.numel() == 0:   # no rows, or rows of no columns and no per-row outputs
+    # nothing to write: no rows, or rows of no columns and no per-row output
+    if Y.numel() == 0 and mu.numel() == 0 and rstd.numel() == 0:
         return (Y, mu, rstd)
     BLOCK_N = _next_pow2(max(n_cols, 1))
     # the rows move in vectors of ROW_VEC elements on chip (8: 16 bytes)

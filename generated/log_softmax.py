@@ -477,7 +477,8 @@ def log_softmax(X, *, out=None):
     device = _device(("X", X))
     Y, = _outputs(out, device, (("X", X),), ("Y", (M, N), torch.float16))
     n_rows, n_cols = M, N
-    if Y.numel() == 0:   # no rows, or rows of no columns and no per-row outputs
+    # nothing to write: no rows, or rows of no columns and no per-row output
+    if Y.numel() == 0:
         return Y
     BLOCK_N = _next_pow2(max(n_cols, 1))
     # the rows move in vectors of ROW_VEC elements on chip (8: 16 bytes)
