@@ -234,6 +234,9 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
+        raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
+                            f"{checked['SPLIT_K']}, got TMA True")
     if checked.get("WS") and checked.get("BLOCK_M", 0) >= 128 and checked.get("num_warps", 8) < 8:
         # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
         raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "

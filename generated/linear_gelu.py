@@ -239,6 +239,9 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
+        raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
+                            f"{checked['SPLIT_K']}, got TMA True")
     if checked.get("WS") and checked.get("BLOCK_M", 0) >= 128 and checked.get("num_warps", 8) < 8:
         # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
         raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "
@@ -538,8 +541,9 @@ def linear_gelu(X, W, b, *, out=None, config=None):
         return Y
     if config is None:
         config = _linear_gelu_config(M, N, device)
+    # TMA, WS and SUBTILE choose a kernel and its options; no kernel takes them by name
+    tiles = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
     if config.get("TMA"):
-        persistent = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
         X_desc, A_T = _tma_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _tma_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])
         if X_desc is not None and W_desc is not None and _has_tma(device):
@@ -552,10 +556,10 @@ def linear_gelu(X, W, b, *, out=None, config=None):
                 b.stride(0),
                 Y.stride(0), Y.stride(1),
                 A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(X, W, b, Y),
-                **persistent,
+                **tiles,
             )
             return Y
-        config = persistent  # TMA cannot read these operands here: the tiled kernel, same tiles
+    config = tiles  # TMA off, or it cannot read these operands here: the tiled kernel, same tiles
     split_k = config.get("SPLIT_K", 1)
     config = {key: value for key, value in config.items() if key != "SPLIT_K"}
     # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up

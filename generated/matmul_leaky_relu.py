@@ -239,6 +239,9 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
+        raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
+                            f"{checked['SPLIT_K']}, got TMA True")
     if checked.get("WS") and checked.get("BLOCK_M", 0) >= 128 and checked.get("num_warps", 8) < 8:
         # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
         raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "
@@ -468,8 +471,9 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
         return C
     if config is None:
         config = _matmul_leaky_relu_config(M, N, device)
+    # TMA, WS and SUBTILE choose a kernel and its options; no kernel takes them by name
+    tiles = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
     if config.get("TMA"):
-        persistent = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
         A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
         if A_desc is not None and B_desc is not None and _has_tma(device):
@@ -481,10 +485,10 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
                 M, N, K,
                 C.stride(0), C.stride(1),
                 A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(A, B, C),
-                **persistent,
+                **tiles,
             )
             return C
-        config = persistent  # TMA cannot read these operands here: the tiled kernel, same tiles
+    config = tiles  # TMA off, or it cannot read these operands here: the tiled kernel, same tiles
     grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]),)
     matmul_leaky_relu_kernel[grid](
         A, B, alpha, C,

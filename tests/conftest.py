@@ -101,6 +101,7 @@ class Launches:
     def __init__(self):
         self.count = 0
         self.kwargs: list[dict] = []      # the keyword arguments of each launch (INT64, BLOCK_SIZE, ...)
+        self.kernels: list = []           # ... and the @triton.jit function each launched
 
 
 class _Counting:
@@ -111,6 +112,7 @@ class _Counting:
         def launch(*args, **kwargs):
             self.launches.count += 1
             self.launches.kwargs.append(kwargs)
+            self.launches.kernels.append(self.fn)
             if self.run:
                 return self.fn[grid](*args, **kwargs)
         return launch

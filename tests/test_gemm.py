@@ -295,6 +295,31 @@ def test_explicit_configs_agree():
         assert_close(host(a, b, bias, config=config), want, bound(a, b))
 
 
+# what Triton's launch takes besides a kernel's own parameters
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg"}
+
+
+def test_hand_configs_launch_only_what_each_kernel_takes(watch):
+    """A flag given False (TMA: False), or TMA where it cannot read the operands, launches the
+    tiled kernel with the tiles alone: on a GPU Triton refuses a keyword its kernel does not
+    take (the interpreter ignores it, so the launches' keywords are checked here); TMA with
+    SPLIT_K is refused as a bad call, the TMA kernel taking each tile whole."""
+    k = kgen.compile("specs/linear_gelu.k")
+    x, w, bias = (randn(17, 64, dtype=torch.float16), randn(64, 45, dtype=torch.float16),
+                  randn(45, dtype=torch.float16))
+    want = F.gelu(x.double() @ w.double() + bias.double())
+    tiles = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+    launches = watch(k.module)
+    for flags in ({"TMA": False}, {"TMA": True}, {"TMA": 0, "SPLIT_K": 2}, {"SPLIT_K": 1}):
+        assert_close(k(x, w, bias, config={**tiles, **flags}), want, bound(x, w))
+    assert launches.count >= 4
+    for fn, kwargs in zip(launches.kernels, launches.kwargs):
+        assert set(kwargs) <= set(fn.arg_names) | LAUNCH_OPTIONS, (fn.fn.__name__, set(kwargs) - set(fn.arg_names))
+    with pytest.raises(kgen.CallError, match=r"config: SPLIT_K is an option of the tiled kernel: expected TMA False "
+                                             r"with SPLIT_K 2, got TMA True"):
+        k(x, w, bias, config={**tiles, "TMA": True, "SPLIT_K": 2})
+
+
 def test_int64_offsets_path(monkeypatch):
     """The INT64 branch (taken for tensors past 2**31 elements) computes the same values."""
     k = compiled("C = A @ B + R")
