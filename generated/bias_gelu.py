@@ -311,11 +311,11 @@ def bias_gelu(x, bias, *, out=None, config=None):
     if n_elements == 0:
         return y
     contiguous = False
-    int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, bias, y)
     if config is None:
         BLOCK_SIZE, num_warps = (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
+    int64 = n_elements + BLOCK_SIZE >= 2**31 or _needs_int64(x, bias, y)
     grid = (_cdiv(n_elements, BLOCK_SIZE),)
     bias_gelu_kernel[grid](
         x, bias, y,

@@ -327,12 +327,12 @@ def swiglu_residual(x, gate, residual, *, out=None, config=None):
     if n_elements == 0:
         return y
     contiguous = x.is_contiguous() and gate.is_contiguous() and residual.is_contiguous() and y.is_contiguous()
-    int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, gate, residual, y)
     if config is None:
         # large contiguous calls: 16 warps, 8 bytes of the widest element a thread, for more loads in flight
         BLOCK_SIZE, num_warps = (2048, 16) if contiguous and n_elements >= 2**25 else (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
+    int64 = n_elements + BLOCK_SIZE >= 2**31 or not contiguous and _needs_int64(x, gate, residual, y)
     grid = (_cdiv(n_elements, BLOCK_SIZE),)
     swiglu_residual_kernel[grid](
         x, gate, residual, y,

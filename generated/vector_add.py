@@ -309,12 +309,12 @@ def vector_add(x, y, *, out=None, config=None):
     if n_elements == 0:
         return z
     contiguous = x.is_contiguous() and y.is_contiguous() and z.is_contiguous()
-    int64 = n_elements >= _I32_LIMIT if contiguous else _needs_int64(x, y, z)
     if config is None:
         # large contiguous calls: 16 warps, 8 bytes of the widest element a thread, for more loads in flight
         BLOCK_SIZE, num_warps = (1024, 16) if contiguous and n_elements >= 2**25 else (1024, 4)
     else:
         BLOCK_SIZE, num_warps = config["BLOCK_SIZE"], config["num_warps"]
+    int64 = n_elements + BLOCK_SIZE >= 2**31 or not contiguous and _needs_int64(x, y, z)
     grid = (_cdiv(n_elements, BLOCK_SIZE),)
     vector_add_kernel[grid](
         x, y, z,

@@ -904,6 +904,13 @@ def test_int64_decision_for_huge_views(watch, monkeypatch):
     assert launches.kwargs[-1]["INT64"] is True
     k(torch.empty(1000, device="meta"), torch.empty(1000, device="meta"), out=torch.empty(1000, device="meta"))
     assert launches.kwargs[-1]["INT64"] is False
+    # under 2**31 elements, but a hand config's block of 2**20 takes the last one's offsets past it
+    n = 2**31 - 2**16 - 1
+    big = [torch.empty(n, device="meta") for _ in range(3)]
+    k(big[0], big[1], out=big[2])
+    assert launches.kwargs[-1]["INT64"] is False and launches.kwargs[-1]["BLOCK_SIZE"] == 1024
+    k(big[0], big[1], out=big[2], config={"BLOCK_SIZE": 2**20, "num_warps": 8})
+    assert launches.kwargs[-1]["INT64"] is True
 
     h = kgen.compile("Y = X + 1")
     h(torch.randn(2, 3, device=DEVICE))

@@ -132,6 +132,13 @@ class ElementwisePlan:
             return "False"
         return " and ".join(f"{op.name}.is_contiguous()" for op in self.operands if not op.scalar) or "True"
 
+    @property
+    def int64_test(self) -> str:
+        """When offsets need int64: the flat index past the last block (a hand config's block may
+        be 2**20), and on the strided path an operand reaching 2**31 elements or more."""
+        strided = f"_needs_int64({', '.join(op.name for op in self.operands)})"
+        return "n_elements + BLOCK_SIZE >= 2**31 or " + (f"not contiguous and {strided}" if self.flat else strided)
+
 
 # Names the kernel and host function define for themselves (besides the ones check.py
 # reserves for every pattern); a spec's names must differ.
