@@ -593,7 +593,7 @@ def _group_offs(offs, G, device, source, T, rows):
             or offs.dim() != 1:
         got = type(offs).__name__ if not isinstance(offs, torch.Tensor) else "a nested tensor" if offs.is_nested \
             else f"a {offs.dtype} tensor of shape {tuple(offs.shape)}"
-        raise ArgumentError(f"offs: expected a 1-D int32 tensor of where each problem's rows end, got {got}")
+        raise ArgumentError(f"offs: expected a 1-D int32 or int64 tensor of where each problem's rows end, got {got}")
     if G == 0:
         raise ArgumentError(f"{source}: expected at least one problem, got none")
     if offs.shape[0] != G:
@@ -1049,7 +1049,7 @@ def grouped_gemm(A, B, *, out=None, config=None):
 
 
 def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
-    """A: f16[T, K], B: f16[G, K, N], offs: int32[G] -> C: f16[T, N]:
+    """A: f16[T, K], B: f16[G, K, N], offs: int32[G] (or int64) -> C: f16[T, N]:
     the MoE layout (as torch._grouped_mm), one GEMM per problem g on rows offs[g - 1] (0 for g = 0)
     to offs[g] of the [T, ...] tensors"""
     _check_tensor("A", A, torch.float16, 2, "f16[T, K]")

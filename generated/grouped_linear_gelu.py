@@ -598,7 +598,7 @@ def _group_offs(offs, G, device, source, T, rows):
             or offs.dim() != 1:
         got = type(offs).__name__ if not isinstance(offs, torch.Tensor) else "a nested tensor" if offs.is_nested \
             else f"a {offs.dtype} tensor of shape {tuple(offs.shape)}"
-        raise ArgumentError(f"offs: expected a 1-D int32 tensor of where each problem's rows end, got {got}")
+        raise ArgumentError(f"offs: expected a 1-D int32 or int64 tensor of where each problem's rows end, got {got}")
     if G == 0:
         raise ArgumentError(f"{source}: expected at least one problem, got none")
     if offs.shape[0] != G:
@@ -1072,7 +1072,7 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
 
 
 def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
-    """X: f16[T, K], W: f16[G, K, N], b: f16[G, N], offs: int32[G] -> Y: f16[T, N]:
+    """X: f16[T, K], W: f16[G, K, N], b: f16[G, N], offs: int32[G] (or int64) -> Y: f16[T, N]:
     the MoE layout (as torch._grouped_mm), one GEMM per problem g on rows offs[g - 1] (0 for g = 0)
     to offs[g] of the [T, ...] tensors"""
     _check_tensor("X", X, torch.float16, 2, "f16[T, K]")

@@ -470,7 +470,7 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     tma_launch = (", ".join(descriptors + direct + ["offs"] + list(low.scalars)), ", ".join(sizes)) + \
         tuple(launch_strides[t] for t in direct)
     gemm._check_derived(kir, [f"{t}_base" for t in names] + descriptors)
-    doc = h.docstring.replace(" -> ", f", offs: int32[{G}] -> ", 1)
+    doc = h.docstring.replace(" -> ", f", offs: int32[{G}] (or int64) -> ", 1)
     return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
                 moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
                 moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
