@@ -488,7 +488,6 @@ def layernorm_looped_kernel(
                 window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
                 inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
                 edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
-                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
@@ -504,8 +503,7 @@ def layernorm_looped_kernel(
                 Y_at = tl.multiple_of(Y_at, [1, 16])
             tl.store(Y_at, Y.to(tl.float16), mask=inner)
             if SHIFT:
-                if at_ends:
-                    tl.store(Y_at, Y.to(tl.float16), mask=edges)
+                tl.store(Y_at, Y.to(tl.float16), mask=edges)
         # store mu: one value per row
         tl.store(mu_ptr + row * mu_stride0, mu, mask=row_mask)
         # store rstd: one value per row

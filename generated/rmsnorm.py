@@ -445,7 +445,6 @@ def rmsnorm_looped_kernel(
                 window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
                 inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
                 edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
-                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
@@ -458,8 +457,7 @@ def rmsnorm_looped_kernel(
                 Y_at = tl.multiple_of(Y_at, [1, 16])
             tl.store(Y_at, Y.to(tl.float16), mask=inner)
             if SHIFT:
-                if at_ends:
-                    tl.store(Y_at, Y.to(tl.float16), mask=edges)
+                tl.store(Y_at, Y.to(tl.float16), mask=edges)
 
 
 def rmsnorm(X, W, eps=1e-06, *, out=None):

@@ -432,7 +432,6 @@ def softmax_looped_kernel(
                 window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])
                 inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])
                 edges = mask & ((lane < lane_lo) | (lane >= lane_hi))
-                at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
                 X_at = tl.multiple_of(X_at, [1, 16])
@@ -446,8 +445,7 @@ def softmax_looped_kernel(
                 Y_at = tl.multiple_of(Y_at, [1, 16])
             tl.store(Y_at, Y.to(tl.float16), mask=inner)
             if SHIFT:
-                if at_ends:
-                    tl.store(Y_at, Y.to(tl.float16), mask=edges)
+                tl.store(Y_at, Y.to(tl.float16), mask=edges)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]

@@ -146,7 +146,7 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      "NUM_WARPS",
                      # the looped kernels' lanes (SHIFT)
                      "lane", "lane0", "shift", "n_lanes", "lane_end", "lane_lo", "lane_hi", "window", "inner", "edges",
-                     "at_ends", "SHIFT", "VEC",
+                     "SHIFT", "VEC",
                      # ... and their chunks
                      "n_chunks", "whole_lo", "whole_hi", "n_ends", "end", "chunk_cols"})
 # The host function's own locals: a spec's dimensions (host locals too) may not take them.
@@ -183,7 +183,6 @@ END_LANES = _LANES + (
     "    window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])",
     "    inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])",
     "    edges = mask & ((lane < lane_lo) | (lane >= lane_hi))",
-    "    at_ends = (lane0 < VEC) | (lane0 + BLOCK_N > n_cols - VEC + 1)  # chunks with partial vectors",
 )
 # A sweep that merges the chunks at a row's ends by their means and squared deviations (see
 # _Planner.centered) counts the columns of each that lie in the row, from the chunk's first
@@ -1041,12 +1040,12 @@ def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
 
 def _chunk_stores(outputs: list[Operand]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A chunk's stores of the row outputs: whole vectors, and (under SHIFT, in the chunks
-    at the row's ends) the partial ones lane by lane."""
+    at the row's ends, the only ones that print these) the partial ones lane by lane."""
     stores = tuple(line for o in outputs for line in o.chunk_store("inner"))
     ends = [f"tl.store({o.at}, {o.name}{o.cast}, mask=edges)" for o in outputs if o.start]
     if not ends:
         return stores, ()
-    return stores, ("if SHIFT:", "    if at_ends:", *(f"        {line}" for line in ends))
+    return stores, ("if SHIFT:", *(f"    {line}" for line in ends))
 
 
 def _take(pending: dict[int, str], roots, names: dict[int, str]) -> list[str]:
