@@ -411,10 +411,10 @@ def log_softmax_looped_kernel(
             row_sum = row_sum * tl.exp(m - m_shift) + tl.sum(tl.where(mask, tl.exp(X - m_shift), 0.0), axis=1,
                                                              keep_dims=True)
             m = m_new
-        # m = max(X, axis=-1); sum(exp(shifted), axis=-1)
+        # m = max(X, axis=-1); sum(exp(shifted), axis=-1): a row of -inf only sums to NaN, as torch's does
         row_sum = tl.where(m == float("-inf"), float("nan"), row_sum)
         for end in tl.range(0, n_ends, num_stages=1):
-            # backward: the chunks the sweep before read last come first, from L2
+            # backward, against the sweep beside it: the chunks one reads last the other reads first, from L2
             lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns

@@ -366,7 +366,7 @@ def rmsnorm_looped_kernel(
         # mean(X * X, axis=-1): partial sums per lane, a chunk at a time
         row_mean_acc = tl.zeros([BLOCK_ROWS, BLOCK_N], tl.float32)
         for end in tl.range(0, n_ends, num_stages=1):
-            # backward: the chunks the sweep before read last come first, from L2
+            # backward, against the sweep beside it: the chunks one reads last the other reads first, from L2
             lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) * BLOCK_N
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             col = lane - shift  # the row's columns

@@ -386,7 +386,8 @@ class Sweep:
                     ChunkLoop(ends, ("# the chunks before whole_lo (chunk 0 under SHIFT), then those from whole_hi on",
                                      "lane0 = tl.where(end < whole_lo, end, whole_hi - whole_lo + end) * BLOCK_N"),
                           end_lanes, self.body, stores))
-        return (ChunkLoop(ends, ("# backward: the chunks the sweep before read last come first, from L2",
+        return (ChunkLoop(ends, ("# backward, against the sweep beside it: the chunks one reads last the other "
+                                 "reads first, from L2",
                                  "lane0 = tl.where(end >= n_ends - whole_lo, n_ends - 1 - end, n_chunks - 1 - end) "
                                  "* BLOCK_N"), end_lanes, self.body, stores),
                 ChunkLoop(inner, ("lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0",), inner_lanes, whole,
@@ -833,7 +834,7 @@ class _Planner:
                 body.append(Line("the running max, and the sums rescaled to it (shifted by 0 while it is -inf)",
                                  update))
                 if final:
-                    after.append(Line(what, final))
+                    after.append(Line(f"{what}: a row of -inf only sums to NaN, as torch's does", final))
                 values = [(names[id(x)], self.fresh(f"{names[id(x)]}_peers")) for x in (m, *sums)]
                 published += [(name, peers, NEG_INF if i == 0 else "0.0") for i, (name, peers) in enumerate(values)]
                 combine.append(Line(f"{what}: the chunks' maxima, and their sums rescaled to the largest",
