@@ -846,8 +846,8 @@ def grouped_gemm_moe_kernel(
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
-    # to offs[g] of T; a stacked tensor X holds one per problem, X_stride apart (the
-    # problem's address offsets in int64: a [G, K, N] weight passes 2**31 elements).
+    # to offs[g] of T; each stacked tensor holds one per problem (B_stride apart in B),
+    # the problem's address offsets in int64 (a [G, K, N] weight passes 2**31 elements).
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.

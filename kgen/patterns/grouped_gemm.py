@@ -237,6 +237,7 @@ class GroupedPlan:
     moe_offs: str                 # the host line that checks offs
     moe_pointers: tuple[str, ...]
     moe_strides: tuple[str, ...]
+    moe_stacked: str              # "B_stride apart in B": where stacked tensors hold each problem
     moe_bases: tuple[str, ...]    # per problem: "A_ptr = A_base + row_start.to(tl.int64) * A_stride0"
     moe_launch: tuple[str, ...]
     moe_sizes: tuple[str, str, str, str]   # host expressions: G, T, N, K
@@ -414,8 +415,8 @@ def _fresh(taken: set, *candidates: str) -> str:
 
 def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: dict) -> dict:
     none = dict(moe=False, moe_host=None, moe_signature="", moe_doc="", moe_offs="", moe_pointers=(), moe_strides=(),
-                moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="", moe_tma_pointers=(),
-                moe_tma_strides=(), moe_tma_bases=(), moe_tma_launch=())
+                moe_stacked="", moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="",
+                moe_tma_pointers=(), moe_tma_strides=(), moe_tma_bases=(), moe_tma_launch=())
     m = low.mm.shape[0]
     if not isinstance(m, str):
         return {**none, "moe_why": f"its M is a literal ({m}), so the problems cannot differ in rows"}
@@ -473,6 +474,8 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     doc = h.docstring.replace(" -> ", f", offs: int32[{G}] (or int64) -> ", 1)
     return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
                 moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
+                moe_stacked=", ".join(f"{t}_stride apart in {t}" if i == 0 else f"{t}_stride in {t}"
+                                      for i, t in enumerate(t for t in names if not ragged[t])),
                 moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
                 moe_tma_pointers=tuple(descriptors + [pointers[t] for t in direct]),
                 moe_tma_strides=tuple(strides[t] for t in direct), moe_tma_bases=tuple(bases[t] for t in direct),
