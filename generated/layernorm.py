@@ -550,7 +550,7 @@ def layernorm(X, W, B, eps=1e-05, *, out=None):
     else:
         # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
         kernel, BLOCK_ROWS = layernorm_looped_kernel, 1
-        # an odd width: 2 rows a program (they share the weight's loads), short chunks
+        # an odd width: 2 rows a program (reading the weight's cache lines together), short chunks
         ODD = SHIFT and ROW_VEC == 1 and n_cols <= 6144
         if ODD:
             BLOCK_ROWS, BLOCK_N, NUM_WARPS = min(2, _next_pow2(n_rows)), 256, 4

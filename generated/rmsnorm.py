@@ -495,7 +495,7 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
     else:
         # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
-        # an odd width: 2 rows a program (they share the weight's loads), short chunks
+        # an odd width: 2 rows a program (reading the weight's cache lines together), short chunks
         ODD = SHIFT and ROW_VEC == 1 and n_cols <= 3584
         # sums alone, over rows of 65536 columns or more in whole vectors: longer chunks, 2 programs an SM
         WIDE = n_cols >= 65536 and not SHIFT

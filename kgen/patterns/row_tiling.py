@@ -133,8 +133,8 @@ WIDE_SUMS = (16384, 8, 3, 2)   # (BLOCK_N, num_warps, num_stages, programs per S
 # 16-bit rows of an odd width (ROW_VEC 1: an element at a time on chip) in kernels that only sum
 # and scale by a weight along the row (an operand of [N]) loop, shifted, past ODD_FROM
 # columns, ODD_ROWS rows a program in chunks of ODD_CHUNK_N columns with ODD_WARPS warps,
-# LOOPED_PER_SM programs an SM (a program's rows share the weight's loads): up to ODD_LANES_TO
-# columns where the sweeps keep Welford lanes (layernorm), up to ODD_SUMS_TO where they keep plain
+# LOOPED_PER_SM programs an SM (a program's rows reading the weight's cache lines together): up
+# to ODD_LANES_TO columns where the sweeps keep Welford lanes (layernorm), up to ODD_SUMS_TO where they keep plain
 # sums (rmsnorm).  On an H100, kernel time, M = 4096, against the rows on chip to 4096 columns and
 # looped a program a row in chunks of 1024 past it: f16 layernorm at 2049, 2301, 3001, 4095, 4097,
 # 5003 and 6001 columns +39%, +27%, +24%, +5%, +17%, +4% and +1%, e.g. 1206 -> 1495 GB/s at 3001,
@@ -361,7 +361,8 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
             tiers.insert(0, (f"n_cols <= {SHORTEST_ROW}", short))
     lines, branches = [], []
     if odd_to is not None:
-        lines += [f"# an odd width: {ODD_ROWS} rows a program (they share the weight's loads), short chunks",
+        lines += [f"# an odd width: {ODD_ROWS} rows a program (reading the weight's cache lines together), "
+                  f"short chunks",
                   f"ODD = SHIFT and ROW_VEC == 1 and n_cols <= {odd_to}"]
         branches.append(("ODD", f"BLOCK_ROWS, BLOCK_N, NUM_WARPS = min({ODD_ROWS}, _next_pow2(n_rows)), "
                                 f"{ODD_CHUNK_N}, {ODD_WARPS}"))
