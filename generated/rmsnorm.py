@@ -497,7 +497,7 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
         kernel, BLOCK_ROWS = rmsnorm_looped_kernel, 1
         # an odd width: 2 rows a program (reading the weight's cache lines together), short chunks
         ODD = SHIFT and ROW_VEC == 1 and n_cols <= 3584
-        # sums alone, over rows of 65536 columns or more in whole vectors: longer chunks, 2 programs an SM
+        # sums alone, over rows of 65536 columns or more, not shifted: longer chunks, 2 programs an SM
         WIDE = n_cols >= 65536 and not SHIFT
         if ODD:
             BLOCK_ROWS, BLOCK_N, NUM_WARPS = min(2, _next_pow2(n_rows)), 256, 4

@@ -368,7 +368,7 @@ def _looped_block(block: int | None, warps: int | None, chunk: int, kir: KernelI
                                 f"{ODD_CHUNK_N}, {ODD_WARPS}"))
     branches += [(test, f"BLOCK_N, NUM_WARPS = {n}, {w}") for test, (n, w) in tiers]
     if wide_sums:
-        lines += [f"# sums alone, over rows of {WIDE_ROW} columns or more in whole vectors: longer chunks, "
+        lines += [f"# sums alone, over rows of {WIDE_ROW} columns or more, not shifted: longer chunks, "
                   f"{WIDE_SUMS[3]} programs an SM",
                   f"WIDE = n_cols >= {WIDE_ROW} and not SHIFT"]
         branches.append(("WIDE", "BLOCK_N, NUM_WARPS = {}, {}".format(*WIDE_SUMS[:2])))
