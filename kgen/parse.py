@@ -26,8 +26,8 @@ _TOKEN_NAMES = {
     "NAME": "a name", "NUMBER": "a number", "INT": "an integer", "_SEP": "a newline or ';'",
     "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
     "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "MINUS": "'-'",
-    "PLUS": "'+'", "__ANON_0": "'->'", "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '@'",
-    "COMPARE": "a comparison", "DOUBLESTAR": "'**'", "KERNEL": "'kernel'",
+    "PLUS": "'+'", "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '@'",
+    "COMPARE": "a comparison", "KERNEL": "'kernel'",
     "SCHEDULE": "'schedule'", "$END": "the end of the input",
 }
 
@@ -167,10 +167,16 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
     # the states LALR merged into it (a '}' after a headerless statement)
     interactive = getattr(e, "interactive_parser", None)
     tokens = (interactive.accepts() if interactive is not None else None) or getattr(e, "expected", None) or ()
-    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower())) for t in tokens if t != "_SEP"})
+    expected = sorted({_TOKEN_NAMES.get(t) or _literal_token(t) for t in tokens if t != "_SEP"})
     if expected and len(expected) <= 6:
         what += "; expected " + ", ".join(expected)
     return SpecError(what, Span(path, line, col, line, col + width, text))
+
+
+def _literal_token(name: str) -> str:
+    """A token the grammar writes as a literal, as written (Lark names ``"**"`` ``__ANON_1``)."""
+    pattern = next((t.pattern for t in _parser().terminals if t.name == name), None)
+    return repr(pattern.value) if isinstance(pattern, lark.lexer.PatternStr) else repr(name.lower())
 
 
 def _span(meta, path: str, text: str) -> Span:
