@@ -150,6 +150,8 @@ CASES = [
      "num_warps must be a power of two, got 3", SpecError),
     ("GEMM SPLIT_K of 0", scheduled("BLOCK_M = [64, 128]", "SPLIT_K = 0"), 6, 15,
      "SPLIT_K takes positive integers, got 0", SpecError),
+    ("GEMM SPLIT_K past CUDA's grid", scheduled("SPLIT_K = [2, 65536]"), 5, 19,
+     "SPLIT_K takes at most 65535 (CUDA's programs along a grid's second axis), got 65536", SpecError),
     ("GEMM tile too small", scheduled("BLOCK_M = 8"), 5, 15,
      "BLOCK_M must be a power of two of at least 16 (tl.dot's smallest tile), got 8", SpecError),
     ("GEMM num_warps", scheduled("num_warps = [4, 6]"), 5, 21, "num_warps must be a power of two, got 6",

@@ -704,6 +704,11 @@ def _ws_hangs(block_m: int, num_warps: int) -> bool:
     return block_m >= 128 and num_warps < 8
 
 
+# The most SPLIT_K the host's _check_config takes (a tuned candidate passes that check too):
+# CUDA's programs along a grid's second axis
+MAX_SPLIT_K = 65535
+
+
 def check_schedule_values(given: dict, kir: KernelIR) -> None:
     """A schedule's tile and launch values (GEMM and grouped GEMM): positive integers;
     tiles powers of two of at least 16, GROUP_M and num_warps powers of two.  Errors
@@ -717,6 +722,9 @@ def check_schedule_values(given: dict, kir: KernelIR) -> None:
                                 kir.schedule_span(key, v))
             if key in ("GROUP_M", "num_warps") and v & (v - 1):
                 raise SpecError(f"{key} must be a power of two, got {v}", kir.schedule_span(key, v))
+            if key == "SPLIT_K" and v > MAX_SPLIT_K:
+                raise SpecError(f"SPLIT_K takes at most {MAX_SPLIT_K} (CUDA's programs along a grid's second axis), "
+                                f"got {v}", kir.schedule_span(key, v))
 
 
 def _closest(value: int, allowed) -> int:
