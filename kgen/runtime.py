@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from . import dtypes as D
+from . import syntax as S
 from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
 from .errors import CallError, KgenError, Span, SpecError, did_you_mean
 from .files import abridged, display_path, read_regular
@@ -414,10 +415,13 @@ class HeaderlessKernel:
         return kernel
 
     def _example(self) -> Kernel:
-        """Before any call: the kernel for f32 inputs of rank 2 (or 1, or 3)."""
+        """Before any call: the kernel for f32 inputs of rank 2 (or 1, or 3), bool where an input
+        is a ``where``'s condition as it is."""
+        conditions = {e.args[0].id for stmt in self._syntax.body for e, _ in S.walk(stmt.value)
+                      if isinstance(e, S.Call) and e.func.id == "where" and e.args and isinstance(e.args[0], S.Name)}
         errors = []
         for rank in (2, 1, 3):
-            key = tuple((torch.float32, (False,) * rank) for _ in self.inputs)
+            key = tuple((torch.bool if name in conditions else torch.float32, (False,) * rank) for name in self.inputs)
             try:
                 return self._kernels.get(key) or self._specialize(key, [None] * len(self.inputs))
             except KgenError as e:

@@ -277,6 +277,9 @@ def test_headerless_source_before_and_after_a_call():
     k(x16(3, 4), x16(4))
     assert k.source != before and "torch.float16" in k.source
     assert k.ir.params[0].dtype.name == "f16"
+    # an input read as a where's condition is bool in the example, as an f32 one would be refused
+    pick = kgen.compile("y = where(c, a, b) * 2")
+    assert pick.pattern == "elementwise" and "torch.bool" in pick.source
 
 
 def test_interpreter_is_announced_once(capfd, monkeypatch):
