@@ -21,7 +21,7 @@ from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
 from .reference import evaluate_node
-from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, topo_order, type_str
+from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, is_part, topo_order, type_str
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ class _Checker:
             node = self.expr(a.value, env)
             env[a.target.id] = node
             stmt = Stmt(a.target.id, node, _source(self.module.text, a.span), a.span)
-            parts = in_parts(stmt, {id(n) for n in env.values()} - {id(node)}, sum(s.name[0] == "_" for s in stmts))
+            parts = in_parts(stmt, {id(n) for n in env.values()} - {id(node)}, sum(map(is_part, stmts)))
             stmts += [*parts, stmt]
         by_name = {s.name: s for s in stmts}
         outputs = []
