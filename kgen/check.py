@@ -21,7 +21,8 @@ from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
 from .reference import evaluate_node
-from .ir import POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, is_part, topo_order, type_str
+from .ir import (POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, is_part, topo_order,
+                 type_str)
 
 
 @dataclass(frozen=True)
