@@ -1113,8 +1113,10 @@ def test_headerless_reductions_and_unit_rows():
         assert sm.pattern == ("elementwise" if shape[-1] == 1 else "row_reduce")
     # a sum of one element is that element plus 0, as torch sums it: -0.0 gives +0.0
     x = torch.tensor([[-0.0], [-1.0], [0.0]], device=DEVICE)
-    for text, want in (("y = 1 / sum(x)", 1 / x.sum(-1, keepdim=True)), ("y = 1 / mean(x)", 1 / x.mean(-1, keepdim=True)),
-                       ("y = 1 / max(x)", 1 / x.amax(-1, keepdim=True)), ("y = 1 / min(x)", 1 / x.amin(-1, keepdim=True))):
+    for text, want in (("y = 1 / sum(x)", 1 / x.sum(-1, keepdim=True)),
+                       ("y = 1 / mean(x)", 1 / x.mean(-1, keepdim=True)),
+                       ("y = 1 / max(x)", 1 / x.amax(-1, keepdim=True)),
+                       ("y = 1 / min(x)", 1 / x.amin(-1, keepdim=True))):
         for k in (kgen.compile(text), kgen.compile(f"kernel f(x: f32[M, 1]) -> y {{ {text} }}")):
             assert torch.equal(k(x), want), text
 
