@@ -253,7 +253,7 @@ def _check_config(config, required, optional):
 def _bias_gelu_block(
     offs, mask,
     x_ptr, bias_ptr, y_ptr,
-    n_elements, size1,
+    size1,
     x_stride0, x_stride1,
     bias_stride0,
     y_stride0, y_stride1,
@@ -290,11 +290,11 @@ def bias_gelu_kernel(
     # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
     # element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked blocks 2787).
     if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
-        _bias_gelu_block(offs, None, x_ptr, bias_ptr, y_ptr, n_elements, size1, x_stride0, x_stride1, bias_stride0,
-                         y_stride0, y_stride1, CONTIGUOUS)
+        _bias_gelu_block(offs, None, x_ptr, bias_ptr, y_ptr, size1, x_stride0, x_stride1, bias_stride0, y_stride0,
+                         y_stride1, CONTIGUOUS)
     else:
-        _bias_gelu_block(offs, offs < n_elements, x_ptr, bias_ptr, y_ptr, n_elements, size1, x_stride0, x_stride1,
-                         bias_stride0, y_stride0, y_stride1, CONTIGUOUS)
+        _bias_gelu_block(offs, offs < n_elements, x_ptr, bias_ptr, y_ptr, size1, x_stride0, x_stride1, bias_stride0,
+                         y_stride0, y_stride1, CONTIGUOUS)
 
 
 def bias_gelu(x, bias, *, out=None, config=None):

@@ -253,7 +253,7 @@ def _check_config(config, required, optional):
 def _swiglu_residual_block(
     offs, mask,
     x_ptr, gate_ptr, residual_ptr, y_ptr,
-    n_elements, size1,
+    size1,
     x_stride0, x_stride1,
     gate_stride0, gate_stride1,
     residual_stride0, residual_stride1,
@@ -300,13 +300,13 @@ def swiglu_residual_kernel(
     # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
     # element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked blocks 2787).
     if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
-        _swiglu_residual_block(offs, None, x_ptr, gate_ptr, residual_ptr, y_ptr, n_elements, size1, x_stride0,
+        _swiglu_residual_block(offs, None, x_ptr, gate_ptr, residual_ptr, y_ptr, size1, x_stride0, x_stride1,
+                               gate_stride0, gate_stride1, residual_stride0, residual_stride1, y_stride0, y_stride1,
+                               CONTIGUOUS)
+    else:
+        _swiglu_residual_block(offs, offs < n_elements, x_ptr, gate_ptr, residual_ptr, y_ptr, size1, x_stride0,
                                x_stride1, gate_stride0, gate_stride1, residual_stride0, residual_stride1, y_stride0,
                                y_stride1, CONTIGUOUS)
-    else:
-        _swiglu_residual_block(offs, offs < n_elements, x_ptr, gate_ptr, residual_ptr, y_ptr, n_elements, size1,
-                               x_stride0, x_stride1, gate_stride0, gate_stride1, residual_stride0, residual_stride1,
-                               y_stride0, y_stride1, CONTIGUOUS)
 
 
 def swiglu_residual(x, gate, residual, *, out=None, config=None):

@@ -248,7 +248,6 @@ def _check_config(config, required, optional):
 def _vector_add_block(
     offs, mask,
     x_ptr, y_ptr, z_ptr,
-    n_elements,
     x_stride0,
     y_stride0,
     z_stride0,
@@ -289,10 +288,9 @@ def vector_add_kernel(
     # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
     # element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked blocks 2787).
     if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
-        _vector_add_block(offs, None, x_ptr, y_ptr, z_ptr, n_elements, x_stride0, y_stride0, z_stride0, CONTIGUOUS)
+        _vector_add_block(offs, None, x_ptr, y_ptr, z_ptr, x_stride0, y_stride0, z_stride0, CONTIGUOUS)
     else:
-        _vector_add_block(offs, offs < n_elements, x_ptr, y_ptr, z_ptr, n_elements, x_stride0, y_stride0, z_stride0,
-                          CONTIGUOUS)
+        _vector_add_block(offs, offs < n_elements, x_ptr, y_ptr, z_ptr, x_stride0, y_stride0, z_stride0, CONTIGUOUS)
 
 
 def vector_add(x, y, *, out=None, config=None):

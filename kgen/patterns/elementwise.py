@@ -80,7 +80,15 @@ class ElementwisePlan:
     def kernel_params(self) -> tuple[str, ...]:
         """The kernel's arguments after the pointers, one line per group: the
         output's sizes, then each operand's strides."""
-        groups = [("n_elements",) + tuple(f"size{axis}" for axis in range(1, self.rank))]
+        return self._params(("n_elements",))
+
+    @property
+    def block_params(self) -> tuple[str, ...]:
+        """... and its block function's, which takes the mask made from n_elements."""
+        return self._params(())
+
+    def _params(self, first: tuple[str, ...]) -> tuple[str, ...]:
+        groups = [first + tuple(f"size{axis}" for axis in range(1, self.rank))]
         groups += [tuple(f"{op.name}_stride{axis}" for _, axis in op.strides) for op in self.operands]
         return tuple(", ".join(g) + "," for g in groups if g)
 
@@ -95,7 +103,7 @@ class ElementwisePlan:
     @property
     def block_arguments(self) -> str:
         """What the kernel passes on to its block function: the pointers, sizes and strides."""
-        return " ".join((self.pointers,) + self.kernel_params).rstrip(",")
+        return " ".join((self.pointers,) + self.block_params).rstrip(",")
 
     @property
     def pointers(self) -> str:
