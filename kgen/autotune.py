@@ -96,9 +96,10 @@ _SWITCH = {"": True, "1": True, "true": True, "on": True, "yes": True, "0": Fals
 def enabled() -> bool:
     """KGEN_AUTOTUNE, in any case; a value that is neither on nor off (a typo) is an error, not a guess."""
     value = os.environ.get("KGEN_AUTOTUNE", "1")
-    if value.strip().lower() not in _SWITCH:
+    switch = _SWITCH.get(value.strip().lower())
+    if switch is None:
         raise KgenError(f"KGEN_AUTOTUNE: expected 1 or 0 (or true/false, on/off, yes/no), got {value!r}")
-    return _SWITCH[value.strip().lower()]
+    return switch
 
 
 def problem_key(arguments: dict, buckets=()) -> str:

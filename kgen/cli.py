@@ -56,17 +56,15 @@ def import_held(modules: tuple[str, ...]) -> None:
     import can leave it half-loaded (numpy then refuses a second load, or C++ aborts); held (its
     handler only notes it), it comes after the import, as the command's own "error: interrupted"."""
     import importlib
-    if threading.current_thread() is not threading.main_thread():   # only it takes signal handlers
-        for name in modules:
-            importlib.import_module(name)
-        return
+    main = threading.current_thread() is threading.main_thread()   # only it takes signal handlers
     pressed = []
-    before = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    before = signal.signal(signal.SIGINT, lambda *_: pressed.append(True)) if main else None
     try:
         for name in modules:
             importlib.import_module(name)
     finally:
-        signal.signal(signal.SIGINT, before)
+        if main:
+            signal.signal(signal.SIGINT, before)
     if pressed:
         raise KeyboardInterrupt
 

@@ -474,8 +474,8 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     doc = h.docstring.replace(" -> ", f", offs: int32[{G}] (or int64) -> ", 1)
     return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
                 moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
-                moe_stacked=", ".join(f"{t}_stride apart in {t}" if i == 0 else f"{t}_stride in {t}"
-                                      for i, t in enumerate(t for t in names if not ragged[t])),
+                moe_stacked=", ".join(f"{t}_stride{' apart' * (i == 0)} in {t}"
+                                      for i, t in enumerate(n for n in names if not ragged[n])),
                 moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
                 moe_tma_pointers=tuple(descriptors + [pointers[t] for t in direct]),
                 moe_tma_strides=tuple(strides[t] for t in direct), moe_tma_bases=tuple(bases[t] for t in direct),
