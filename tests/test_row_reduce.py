@@ -502,6 +502,51 @@ def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
         assert_matches(got, want, 37, name)
 
 
+def _split_kernel_source(kernel) -> str:
+    """The split kernel's own source, from its def to the host function."""
+    source = kernel.source
+    start = source.index(f"def {kernel.name}_split_kernel(")
+    return source[start:source.index(f"\ndef {kernel.name}(", start)]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "rmsnorm"])
+def test_split_rows_hold_their_chunk_through_the_exchange(name):
+    """A split row's program loads each operand's chunk once: the outputs come from the
+    chunk its reduction loaded (held in registers), and only operands the reduction did
+    not read (rmsnorm's W) are loaded for them."""
+    kernel = spec_kernel(name, None, None, "f32")
+    source = _split_kernel_source(kernel)
+    loaded = [p for p in kernel.inputs if f"{p} = tl.load(" in source]
+    assert loaded == (["X", "W"] if name == "rmsnorm" else ["X"])
+    for p in loaded:
+        assert source.count(f"{p} = tl.load(") == 1, p
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "rmsnorm", "stats", "span"])
+def test_split_rows_compute_missing_peers_in_pieces(name, monkeypatch):
+    """On Triton's interpreter no peer has published when a program looks (programs run one
+    by one), so every program computes the partials of the chunks after its own, here in
+    pieces of 2 columns of a chunk of 8: the row values, and so the outputs, are those of
+    the whole row."""
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", "8")
+    specs = {"stats": SPLIT_SPECS[0], "span": SPLIT_SPECS[1]}
+    kernel = kgen.compile(specs[name]) if name in specs else spec_kernel(name, 8, None, "f32")
+    monkeypatch.setattr(kernel.module, "SPLIT_PEER_N", 2)
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(5, 46, generator=g) * 8
+    X[2, 9:30] = float("-inf") if "softmax" in name else X[2, 9:30]   # whole chunks of -inf
+    values = {"X": X, "S": torch.randn(5, 1, generator=g), "W": torch.randn(45, generator=g)}
+    args = {p: values[p].to(DEVICE) for p in kernel.inputs if p in values}
+    args["X"] = args["X"][:, 1:]   # off 16-byte boundaries, which SHIFT cannot align: split
+    outputs = as_tuple(kernel(**args))
+    assert launches.kernels == [getattr(kernel.module, f"{kernel.name}_split_kernel")]
+    assert launches.options[0]["SPLIT"] == 6
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    for o, got, want in zip(kernel.outputs, outputs, evaluate(kernel.ir, {**args, **defaults})):
+        assert_matches(got, want, 45, f"{name} {o}")
+
+
 def test_shift_rows_decides_by_alignment():
     """The host's SHIFT test: rows that Triton cannot prove 16-byte aligned shift, when every
     [rows, N] operand starts aligned and their rows start at the same offset modulo a vector;
@@ -834,6 +879,24 @@ def test_split_rows_on_gpu(n, monkeypatch):
     got = kernel(X)
     assert launches.kernels == [kernel.module.softmax_split_kernel]
     assert_matches(got, torch.softmax(X.double(), -1), n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm"])
+def test_split_rows_on_gpu_without_waiting(name, monkeypatch):
+    """With no polls at all (SPLIT_SPIN 0) a GPU's programs compute whichever peers' partials
+    they do not see yet while holding their own chunk: the outputs are still the row's."""
+    kernel = spec_kernel(name, None, None, "f32")
+    monkeypatch.setattr(kernel.module, "SPLIT_SPIN", 0)
+    launches = Launches(kernel.module, monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    values = {"X": torch.randn(200, 70000, generator=g) * 10, "W": torch.randn(70000, generator=g)}
+    values["X"][3, :20000] = float("-inf") if name == "softmax" else 0.0
+    args = {p: values[p].to(DEVICE) for p in kernel.inputs if p in values}
+    got = kernel(**args)
+    assert launches.kernels == [getattr(kernel.module, f"{name}_split_kernel")]
+    defaults = {p.name: p.default for p in kernel.ir.params if p.is_scalar}
+    assert_matches(got, evaluate(kernel.ir, {**args, **defaults})[0], 70000)
 
 
 def test_force_chunk_environment_knob(monkeypatch):

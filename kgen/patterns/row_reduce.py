@@ -86,17 +86,20 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   (an online max and sum for softmax), stores them and
   raises a flag (release), polls its peers' flags, then combines every partial
   in the same order, so that all programs of the group see the same row values,
-  and reads its chunk again, now from L2, for the outputs.  The reads from DRAM
-  are one per element instead of two: f32 softmax at N = 65536 and 262144 on an
-  H100, 2230 GB/s where the looped kernel reaches 1960-2050.  Programs wait for
-  each other, so the host launches only as many groups as fit on the GPU at once
-  and picks the looped kernel when one group would not fit; a peer not seen
-  within ``SPLIT_SPIN`` polls has its partials computed by the waiting program
-  from memory (the same code on the same chunk, so the same values), which also
-  lets Triton's interpreter, running programs one by one, run this kernel.
-  Keeping the chunk in registers through the exchange instead of reading it
-  again measured slower, as did one exchange per level (layernorm), and f16
-  rows gained 5% at best: those take the looped kernel.
+  and computes its chunk's outputs from the operands it still holds in registers
+  (loading only those the reduction did not read, rmsnorm's W).  Each element is
+  read from DRAM once: f32 softmax, log-softmax and rmsnorm from N = 40000 to
+  262144 on an H100, 2476-2841 GB/s, 1.15-1.33x the same kernel reading its
+  chunk again from L2.  Programs wait for each other, so the host launches only
+  as many groups as fit on the GPU at once (their registers capped to fit) and
+  picks the looped kernel when one group would not fit; a peer not seen within
+  ``SPLIT_SPIN`` polls has its partials computed by the waiting program from
+  memory (the same code on the same chunk, so the same values) in pieces of
+  ``SPLIT_PEER_N`` columns, which leaves the registers to the chunk it holds (a
+  whole chunk there cost the kernel 10-20% though it never ran), and lets
+  Triton's interpreter, running programs one by one, run this kernel.  One
+  exchange per level (layernorm) measured slower, and f16 rows gained 5% at
+  best: those take the looped kernel.
 
 Numerics: 16-bit inputs are computed in f32 and rounded on store.  Masked lanes
 never reach a reduction: each reduction's operand goes through
@@ -143,7 +146,7 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      # the split kernel's
                      "part", "peer", "peers", "slot", "own_partials", "peer_partials", "flags", "polls", "chunk",
                      "partials", "partials_ptr", "flags_ptr", "SPLIT", "SPLIT_BLOCK", "SPIN", "SPLIT_SPIN",
-                     "NUM_WARPS",
+                     "NUM_WARPS", "PEER_N", "CHUNK_N", "chunk_lane0", "piece",
                      # the looped kernels' lanes (SHIFT)
                      "lane", "lane0", "shift", "n_lanes", "lane_end", "lane_lo", "lane_hi", "window", "inner", "edges",
                      "SHIFT", "VEC",
@@ -359,6 +362,7 @@ class Sweep:
     # their body (None: the body above), and what merges their lanes into the row's values
     whole_body: tuple[Line, ...] | None = None
     whole_after: tuple[Line, ...] = ()
+    loaded: tuple[tuple[str, tuple[str, ...]], ...] = ()    # (operand, its lines in loads) per operand loaded
 
     @property
     def counted(self) -> bool:
@@ -401,7 +405,9 @@ class Sweep:
     @property
     def single(self) -> ChunkLoop:
         """One chunk, which may hold the row's ends (the split kernel's)."""
-        return ChunkLoop("", (), self.lanes[1], self.body, self.stores + self.edge_stores)
+        stores = self.stores + self.edge_stores
+        return ChunkLoop("", (), read_lanes(self.lanes[1], [*self.loads, *self.body, *stores, *self.after]), self.body,
+                         stores)
 
 
 @dataclass(frozen=True)
@@ -432,6 +438,11 @@ class Split:
     published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
     combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
     output: Sweep                       # the outputs' sweep, for one chunk; per-row stores by part 0
+
+    @property
+    def values(self) -> str:
+        """The published values, as a peer's partials computed in its place return them."""
+        return ", ".join(name for name, _, _ in self.published)
 
 
 @dataclass(frozen=True)
@@ -854,7 +865,8 @@ class _Planner:
                                         "within and between lanes", c.fold))
                 after.append(Line(what, c.final))
             sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after),
-                                whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after)))
+                                whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after),
+                                loaded=self.loaded(roots, names, chunked)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
@@ -864,7 +876,8 @@ class _Planner:
         loads, inner = self.loads(roots, names, chunked)
         body = statement_lines(self.kir, roots, inner) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
-        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), *_chunk_stores(row_out), tuple(after)))
+        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), *_chunk_stores(row_out), tuple(after),
+                            loaded=self.loaded(roots, names, chunked)))
         # Directions alternate, back from the outputs' sweep: forward where it reads operands
         # that no sweep before it did (layernorm's W and B, rmsnorm's W; backward, shifted f16
         # rows ran 5-28% slower on an H200), else backward (softmax f16 at N = 65536: 2% faster).
@@ -892,8 +905,13 @@ class _Planner:
         stores = tuple(code for line in output.after for code in line.code)
         row_stores = (Line("per-row outputs: one program of the group stores them",
                            ("if part == 0:", *(f"    {code}" for code in stores))),) if stores else ()
+        # the operands the chunk's reduction loaded stay in registers through the exchange: the
+        # outputs' sweep loads only the others (rmsnorm's W)
+        held = {name for name, _ in sweeps[0].loaded}
+        output = replace(output, loads=tuple(line for name, lines in output.loaded if name not in held
+                                             for line in lines), after=row_stores)
         return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False), exchange.published,
-                     exchange.combine, replace(output, after=row_stores))
+                     exchange.combine, output)
 
     def per_row_lines(self, roots, names: dict[int, str], also=()) -> list[Line]:
         """Statements of one value per row that ``roots`` need (and ``also``): computed once
@@ -904,12 +922,13 @@ class _Planner:
 
     def loads(self, roots, names: dict[int, str], chunked: dict[int, Operand]) -> tuple[list[str], dict[int, str]]:
         """The chunk loads ``roots`` need, and the names the loop body sees."""
-        inner = dict(names)
-        loads = []
-        for n in live_nodes(roots, names):
-            if id(n) in chunked and n.op is Op.INPUT:
-                loads += chunked[id(n)].chunk_load()
-        return loads, inner
+        return [line for _, lines in self.loaded(roots, names, chunked) for line in lines], dict(names)
+
+    def loaded(self, roots, names: dict[int, str],
+               chunked: dict[int, Operand]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(operand, its chunk load's lines) for each operand ``roots`` read along the row."""
+        return tuple((chunked[id(n)].name, chunked[id(n)].chunk_load()) for n in live_nodes(roots, names)
+                     if id(n) in chunked and n.op is Op.INPUT)
 
     def accumulate(self, r: Node, name: str, x: str) -> tuple[str, str, str]:
         """(init, update, final) of a reduction over chunks: lane-wise partials in a

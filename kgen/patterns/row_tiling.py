@@ -147,10 +147,12 @@ ODD_SUMS_TO = 3584
 ODD_CHUNK_N = 256
 ODD_ROWS = 2
 ODD_WARPS = 4
-# split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N): warps per program, by the
-# programs to a row (on an H100, f32 N = 32768 and 65536: 8 warps, 2 per SM, 2270-2350 GB/s
-# where 4 warps, 4 per SM reach 2080-2190; N = 262144: 4 warps 2230, 8 warps 1730) ...
-SPLIT_WARPS = "8 if SPLIT <= 8 else 4"
+# split rows (f32 rows wider than kept on chip, in chunks of CHUNK_N held through the exchange):
+# 4 warps a program (on an H100, 2026-11-27, kernel time, f32 softmax, M = 1024, 4 warps and 4
+# programs an SM, 128 registers a thread: 2636 GB/s at N = 65536, 2617 at 262144, M = 4096 and
+# N = 40000 2567; 4096 columns in 4 warps, 8 an SM, 64 registers: 2511, 2377, 2292, spilling;
+# the chunk read again from L2, as before, with 8 warps 2 an SM, 2277, 2238, 2169) ...
+SPLIT_WARPS = "4"
 SPLIT_WARPS_PER_SM = 16     # ... and programs per SM: 16 warps' worth (all resident: each waits for its group)
 SCHEDULE_KEYS = ("BLOCK_N", "BLOCK_ROWS", "num_warps", "num_stages")
 FORCE_CHUNK = "KGEN_FORCE_CHUNK"
