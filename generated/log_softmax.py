@@ -32,30 +32,6 @@ def _check_tensor(name, value, dtype, rank, declared):
         raise ArgumentError(f"{name}: expected a tensor without torch's lazy negation bit; call .resolve_neg() on it")
 
 
-def _check_shape(name, value, expected, declared, source):
-    for got, want in zip(value.shape, expected):
-        if want is not None and got != want:
-            sizes = ", ".join("?" if want is None else str(want) for want in expected)
-            origin = f" (sizes from {source})" if source else ""
-            raise ArgumentError(f"{name}: expected {declared} = [{sizes}]{origin}, got shape {tuple(value.shape)}")
-
-
-def _check_scalar(name, value, kind):
-    """A scalar argument as the kernel takes it: a bool, an int32, or a float (f32 in the kernel)."""
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ArgumentError(f"{name}: expected a Python bool, got {type(value).__name__}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
-        raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
-    if kind is int and not -2**31 <= value < 2**31:
-        raise ArgumentError(f"{name}: expected an int32 (-2**31 to 2**31 - 1), got an int outside that range")
-    try:
-        return kind(value)
-    except OverflowError:   # an int past the largest float
-        raise ArgumentError(f"{name}: expected a Python float, got an int too large for one") from None
-
-
 def _device(*named):
     if not named:  # Python numbers only: the device torch would pick
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -167,12 +143,13 @@ def _needs_int64(*tensors):
     return False
 
 
-# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
-# microseconds per call on the host: these are the same on Python ints
+# triton.cdiv goes through Triton's constexpr wrapper, which costs microseconds per call on
+# the host: this is the same on Python ints
 def _cdiv(a, b):
     return -(-a // b)
 
 
+# triton.next_power_of_2 on Python ints, for the same reason
 def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 

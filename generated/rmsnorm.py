@@ -167,12 +167,13 @@ def _needs_int64(*tensors):
     return False
 
 
-# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
-# microseconds per call on the host: these are the same on Python ints
+# triton.cdiv goes through Triton's constexpr wrapper, which costs microseconds per call on
+# the host: this is the same on Python ints
 def _cdiv(a, b):
     return -(-a // b)
 
 
+# triton.next_power_of_2 on Python ints, for the same reason
 def _next_pow2(n):
     return 1 << (n - 1).bit_length() if n > 1 else 1
 

@@ -40,22 +40,6 @@ def _check_shape(name, value, expected, declared, source):
             raise ArgumentError(f"{name}: expected {declared} = [{sizes}]{origin}, got shape {tuple(value.shape)}")
 
 
-def _check_scalar(name, value, kind):
-    """A scalar argument as the kernel takes it: a bool, an int32, or a float (f32 in the kernel)."""
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ArgumentError(f"{name}: expected a Python bool, got {type(value).__name__}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
-        raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
-    if kind is int and not -2**31 <= value < 2**31:
-        raise ArgumentError(f"{name}: expected an int32 (-2**31 to 2**31 - 1), got an int outside that range")
-    try:
-        return kind(value)
-    except OverflowError:   # an int past the largest float
-        raise ArgumentError(f"{name}: expected a Python float, got an int too large for one") from None
-
-
 def _device(*named):
     if not named:  # Python numbers only: the device torch would pick
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -167,14 +151,10 @@ def _needs_int64(*tensors):
     return False
 
 
-# triton.cdiv and triton.next_power_of_2 go through Triton's constexpr wrapper, which costs
-# microseconds per call on the host: these are the same on Python ints
+# triton.cdiv goes through Triton's constexpr wrapper, which costs microseconds per call on
+# the host: this is the same on Python ints
 def _cdiv(a, b):
     return -(-a // b)
-
-
-def _next_pow2(n):
-    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @triton.jit

@@ -72,7 +72,35 @@ def render(plans, path: str, text: str) -> str:
     source = environment().get_template("module.jinja").render(
         version=__version__, path=comment_safe(path), command=comment_safe(command), sha=spec_hash(text),
         plans=plans, helpers=helpers)
-    return _wrap(_tidy(source))
+    return _wrap(_drop_unread(_tidy(source)))
+
+
+def _drop_unread(source: str) -> str:
+    """Every module prints the host helpers the patterns share; those of its own (top-level
+    ``_name`` functions and constants) that nothing in it reads go, with the comment lines
+    right above them, until each left is read (a helper read only by one that went, goes)."""
+    while True:
+        tree = ast.parse(source)
+        read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        lines = source.split("\n")
+        unread = []
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                name = node.name
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+            else:
+                continue
+            if name.startswith("_") and not name.startswith("__") and name not in read:
+                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+                while start > 0 and lines[start - 1].startswith("#"):
+                    start -= 1
+                unread.append((start, node.end_lineno))
+        if not unread:
+            return source
+        for start, end in reversed(unread):
+            del lines[start:end]
+        source = _tidy("\n".join(lines))
 
 
 def defined_once(source: str, kernels) -> None:

@@ -67,6 +67,31 @@ def test_generated_code_fits_in_the_width(path):
     assert not long, f"code lines over {WIDTH} columns: {long}"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "generated").glob("*.py")), ids=lambda p: p.stem)
+def test_generated_modules_define_no_helper_they_do_not_read(path):
+    """Each module keeps only the shared host helpers its own code reads: every top-level
+    ``_name`` function or constant is read somewhere in the module."""
+    tree = ast.parse(path.read_text())
+    read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    defined = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    defined += [node.targets[0].id for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)]
+    unread = [name for name in defined if name.startswith("_") and not name.startswith("__") and name not in read]
+    assert not unread, f"{path.name}: {unread}"
+
+
+def test_unread_helpers_go_with_their_comments():
+    """A helper nothing reads goes with the comment lines right above it, and so does a
+    helper read only by one that went; what is read stays, as it was."""
+    from kgen.render import _drop_unread
+    source = ("import math\n\n\n# why _a is there\ndef _a(x):\n    return _b(x)\n\n\n"
+              "def _b(x):\n    return x\n\n\n# the limit\n_LIMIT = 3\n\n\n"
+              "def _c(y):\n    return y + _LIMIT\n\n\ndef run(y):\n    return _c(y)\n")
+    kept = _drop_unread(source)
+    assert kept == ("import math\n\n\n# the limit\n_LIMIT = 3\n\n\n"
+                    "def _c(y):\n    return y + _LIMIT\n\n\ndef run(y):\n    return _c(y)\n")
+
+
 def test_long_lines_are_broken_without_changing_the_code():
     names = ", ".join(f"argument_{i}" for i in range(40))
     source = (f"def f(a, b):\n"
