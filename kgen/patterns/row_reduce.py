@@ -814,7 +814,8 @@ class _Planner:
             roots = [r.inputs[0] for r in group if id(r) not in online and id(r) not in centered and r not in shared]
             roots += [m.inputs[0] for m in shared]
             before = self.per_row_lines(roots, names)
-            loads, inner = self.loads(roots, names, chunked)
+            loaded = self.loaded(roots, names, chunked)
+            inner = dict(names)
             body = statement_lines(self.kir, roots, inner)
             printer = Printer(inner)
             after: list[Line] = []
@@ -864,20 +865,20 @@ class _Planner:
                 whole_after.append(Line("the lanes merged into the row's: their sums, and their squared deviations "
                                         "within and between lanes", c.fold))
                 after.append(Line(what, c.final))
-            sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), (), (), tuple(after),
+            sweeps.append(Sweep(tuple(before), _lines(loaded), tuple(body), (), (), tuple(after),
                                 whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after),
-                                loaded=self.loaded(roots, names, chunked)))
+                                loaded=loaded))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
         roots = [self.computed[o.name] for o in row_out]
         before = self.per_row_lines([self.computed[o.name] for o in per_row_out] + roots, names,
                                     also=[self.computed[o.name] for o in per_row_out])
-        loads, inner = self.loads(roots, names, chunked)
-        body = statement_lines(self.kir, roots, inner) if roots else []
+        loaded = self.loaded(roots, names, chunked)
+        body = statement_lines(self.kir, roots, dict(names)) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
-        sweeps.append(Sweep(tuple(before), tuple(loads), tuple(body), *_chunk_stores(row_out), tuple(after),
-                            loaded=self.loaded(roots, names, chunked)))
+        sweeps.append(Sweep(tuple(before), _lines(loaded), tuple(body), *_chunk_stores(row_out), tuple(after),
+                            loaded=loaded))
         # Directions alternate, back from the outputs' sweep: forward where it reads operands
         # that no sweep before it did (layernorm's W and B, rmsnorm's W; backward, shifted f16
         # rows ran 5-28% slower on an H200), else backward (softmax f16 at N = 65536: 2% faster).
@@ -908,8 +909,8 @@ class _Planner:
         # the operands the chunk's reduction loaded stay in registers through the exchange: the
         # outputs' sweep loads only the others (rmsnorm's W)
         held = {name for name, _ in sweeps[0].loaded}
-        output = replace(output, loads=tuple(line for name, lines in output.loaded if name not in held
-                                             for line in lines), after=row_stores)
+        output = replace(output, loads=_lines((name, lines) for name, lines in output.loaded if name not in held),
+                         after=row_stores)
         return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False), exchange.published,
                      exchange.combine, output)
 
@@ -919,10 +920,6 @@ class _Planner:
         wanted = [n for n in live_nodes(roots, names)
                   if id(n) in self.stmt_of and not self.varies(n) and id(n) not in names]
         return statement_lines(self.kir, wanted + list(also), names)
-
-    def loads(self, roots, names: dict[int, str], chunked: dict[int, Operand]) -> tuple[list[str], dict[int, str]]:
-        """The chunk loads ``roots`` need, and the names the loop body sees."""
-        return [line for _, lines in self.loaded(roots, names, chunked) for line in lines], dict(names)
 
     def loaded(self, roots, names: dict[int, str],
                chunked: dict[int, Operand]) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -1036,6 +1033,11 @@ class _Planner:
                  f"{shift} = tl.where({m} == {NEG_INF}, 0.0, {m})"]
         lines += [f"{s} = tl.sum({peers} * tl.exp({m_peers} - {shift}), axis=1, keep_dims=True)" for s, peers in sums]
         return tuple(lines)
+
+
+def _lines(loaded) -> tuple[str, ...]:
+    """The lines of (operand, its chunk load's lines) pairs, in order."""
+    return tuple(line for _, lines in loaded for line in lines)
 
 
 def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
