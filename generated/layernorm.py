@@ -19,9 +19,15 @@ class NotCurrentDevice(ArgumentError):
 _I32_LIMIT = 2**31 - 2**16
 
 
+def _type_name(value):
+    """A value's type as a message names it: numpy's bool is "numpy.bool", not "bool"."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def _check_tensor(name, value, dtype, rank, declared):
     if not isinstance(value, torch.Tensor):
-        raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
+        raise ArgumentError(f"{name}: expected a tensor {declared}, got {_type_name(value)}")
     if value.is_nested:   # its layout reads "strided", but it has no sizes or strides (torch raises on .shape)
         raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a nested one")
     if value.dtype != dtype or value.dim() != rank:
@@ -44,10 +50,10 @@ def _check_scalar(name, value, kind):
     """A scalar argument as the kernel takes it: a bool, an int32, or a float (f32 in the kernel)."""
     if kind is bool:
         if not isinstance(value, bool):
-            raise ArgumentError(f"{name}: expected a Python bool, got {type(value).__name__}")
+            raise ArgumentError(f"{name}: expected a Python bool, got {_type_name(value)}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
-        raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {type(value).__name__}")
+        raise ArgumentError(f"{name}: expected a Python {kind.__name__}, got {_type_name(value)}")
     if kind is int and not -2**31 <= value < 2**31:
         raise ArgumentError(f"{name}: expected an int32 (-2**31 to 2**31 - 1), got an int outside that range")
     try:

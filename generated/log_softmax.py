@@ -19,9 +19,15 @@ class NotCurrentDevice(ArgumentError):
 _I32_LIMIT = 2**31 - 2**16
 
 
+def _type_name(value):
+    """A value's type as a message names it: numpy's bool is "numpy.bool", not "bool"."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def _check_tensor(name, value, dtype, rank, declared):
     if not isinstance(value, torch.Tensor):
-        raise ArgumentError(f"{name}: expected a tensor {declared}, got {type(value).__name__}")
+        raise ArgumentError(f"{name}: expected a tensor {declared}, got {_type_name(value)}")
     if value.is_nested:   # its layout reads "strided", but it has no sizes or strides (torch raises on .shape)
         raise ArgumentError(f"{name}: expected a dense tensor {declared}, got a nested one")
     if value.dtype != dtype or value.dim() != rank:

@@ -12,17 +12,23 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import torch
+from torch.autograd import forward_ad
 
 from .errors import CallError
 
 
 _Tensor, _grad_enabled = torch.Tensor, torch.is_grad_enabled    # looked up once: this runs at every call
+_transforms, _compiling = torch._C._functorch.peek_interpreter_stack, torch.compiler.is_compiling
 
 
-def needing_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors among a call's arguments (lists of them too) that autograd records.  Every
-    kernel call pays for this loop: it stays plain (about 0.1 us a tensor)."""
+def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among a call's arguments (lists of them, and out='s tuple of lists, too)
+    that autograd records.  Every kernel call pays for this loop: it stays plain (about 0.1 us
+    a tensor).  A call under a torch.func transform, or on a forward-mode dual tensor, is a
+    CallError: kgen kernels compute no derivative and read no batched tensor."""
     found: list[torch.Tensor] = []
+    if not _compiling():
+        _untransformed(label, args, kwargs)
     if not _grad_enabled():
         return found
     for value in (*args, *kwargs.values()) if kwargs else args:
@@ -30,10 +36,22 @@ def needing_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
             if value.requires_grad:
                 found.append(value)
         elif isinstance(value, (list, tuple)):
-            for t in value:
-                if isinstance(t, _Tensor) and t.requires_grad:
-                    found.append(t)
+            found += (t for t in _leaves(value) if t.requires_grad)
     return found
+
+
+def _untransformed(label: str, args: tuple, kwargs: dict) -> None:
+    if _transforms() is not None:
+        raise CallError(f"{label}: kgen kernels do not run under torch.func transforms (grad, vmap, jvp, ...): "
+                        f"they compute no derivative and take no batched tensors; call the kernel outside the "
+                        f"transform")
+    if getattr(forward_ad, "_current_level", -1) >= 0:   # inside forward_ad.dual_level()
+        for value in (*args, *kwargs.values()):
+            for t in _leaves(value) if isinstance(value, (_Tensor, list, tuple)) else ():
+                if forward_ad.unpack_dual(t).tangent is not None:
+                    raise CallError(f"{label}: an input carries a forward-mode tangent (torch.autograd.forward_ad), "
+                                    f"and kgen kernels compute no derivative; pass its primal, "
+                                    f"forward_ad.unpack_dual(x).primal")
 
 
 @torch.compiler.disable   # torch.compile runs these calls as they are: it would trace the backward that raises
@@ -69,9 +87,10 @@ class NoGradient(torch.autograd.Function):
 
 
 def _leaves(value) -> Iterator[torch.Tensor]:
+    """The tensors of a tensor, or of tuples and lists of them (other items skipped)."""
     if isinstance(value, torch.Tensor):
         yield value
-    else:
+    elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _leaves(item)
 

@@ -213,7 +213,7 @@ class Kernel:
         out = kwargs.get("out")
         if out is not None:
             _check_writable(label, out)
-        needing = needing_grad(args, kwargs)
+        needing = needing_grad(label, args, kwargs)
         if needing:
             return call_recorded(label, lambda: self._call(host, tuner, label, signature, args, kwargs), needing, out)
         result = self._call(host, tuner, label, signature, args, kwargs)

@@ -604,6 +604,8 @@ def test_empty_list():
     k = kgen.compile("specs/grouped_gemm.k")
     with pytest.raises(kgen.CallError, match="A: expected a list of tensors .* got an empty list"):
         k([], [])
+    with pytest.raises(kgen.CallError, match="^grouped_gemm: A: expected a list of tensors .* got an empty list"):
+        k([], [randn(4, 5)] * 3)        # the empty list named, not the other measured against it
 
 
 def test_inner_dims_differ_names_the_problem():

@@ -71,11 +71,11 @@ def test_bad_calls_of_a_declared_kernel(bias_gelu, watch, args, kwargs, fragment
 
 
 @pytest.mark.parametrize("args, kwargs, fragments", [
-    ((x16(5), torch.tensor(0.5)), {}, ["alpha:", "expected a Python float", "got Tensor"]),
+    ((x16(5), torch.tensor(0.5)), {}, ["alpha:", "expected a Python float", "got torch.Tensor"]),
     ((x16(5), True), {}, ["alpha:", "got bool"]),
     ((x16(5), 0.5, 2.5), {}, ["n:", "expected a Python int", "got float"]),
     ((x16(5), "0.5"), {}, ["alpha:", "got str"]),
-    ((x16(5),), {"n": torch.tensor(3)}, ["n:", "got Tensor"]),
+    ((x16(5),), {"n": torch.tensor(3)}, ["n:", "got torch.Tensor"]),
     ((x16(5), 0.5, 2**31), {}, ["n:", "expected an int32", "outside that range"]),
     ((x16(5), 0.5, -2**31 - 1), {}, ["n:", "expected an int32"]),
     ((x16(5), 10**400), {}, ["alpha:", "expected a Python float", "too large"]),
@@ -598,6 +598,8 @@ def test_bool_scalar_parameters_take_python_bools():
     for bad in (1, 2, 1.0, None):
         with pytest.raises(CallError, match="flip: expected a Python bool"):
             k(x, bad)
+    with pytest.raises(CallError, match="flip: expected a Python bool, got numpy.bool"):   # not "got bool"
+        k(x, np.bool_(True))
     with pytest.raises(SpecError, match="default 2 is not a valid bool"):
         kgen.compile("kernel f(x: f32[N], b: bool = 2) -> y: f32[N] {\n    y = x * f32(b)\n}\n")
 
@@ -904,6 +906,43 @@ def test_inputs_that_require_grad_get_outputs_whose_backward_refuses():
     torch.testing.assert_close(c0.detach(), a[0] @ b[0].detach() + 1, atol=2e-2, rtol=2e-2)
     with pytest.raises(CallError, match="^c: a backward pass reached this kernel's outputs"):
         c1.sum().backward()
+
+
+def test_out_lists_that_require_grad_are_refused_as_tensors_are():
+    """A grouped GEMM of two list outputs takes out= as a tuple of lists: a tensor in one that
+    requires grad is refused as one in a flat tuple is, never overwritten."""
+    k = kgen.compile("H = A @ B; C = H * 2; D = relu(H)")
+    a = [torch.randn(4, 5, device=DEVICE), torch.randn(3, 5, device=DEVICE)]
+    b = [torch.randn(5, 2, device=DEVICE), torch.randn(5, 2, device=DEVICE)]
+    c = [torch.zeros(4, 2, device=DEVICE, requires_grad=True), torch.zeros(3, 2, device=DEVICE)]
+    d = [torch.zeros(4, 2, device=DEVICE), torch.zeros(3, 2, device=DEVICE)]
+    with pytest.raises(CallError, match=r"out= cannot be written where autograd records"):
+        k(a, b, out=(c, d))
+    assert not c[0].detach().any()
+    with torch.no_grad():
+        k(a, b, out=(c, d))
+    torch.testing.assert_close(c[0].detach(), 2 * (a[0] @ b[0]), atol=2e-2, rtol=2e-2)   # TF32 on a GPU
+
+
+def test_torch_func_transforms_and_forward_mode_duals_are_refused():
+    """kgen kernels compute no derivative and read no batched tensor: under torch.func's grad,
+    vmap or jvp, or on a forward-mode dual tensor, a call is a CallError naming the kernel,
+    never a tangent silently dropped or an error from inside torch."""
+    import torch.autograd.forward_ad as fwAD
+    k = kgen.compile("Y = X * sigmoid(X) + B")
+    x, b = torch.randn(3, 4, device=DEVICE), torch.randn(4, device=DEVICE)
+    transforms = (lambda: torch.func.grad(lambda x: k(x, b).sum())(x),
+                  lambda: torch.func.vmap(lambda x: k(x, b))(x),
+                  lambda: torch.func.jvp(lambda x: k(x, b), (x,), (torch.ones_like(x),)))
+    for run in transforms:
+        with pytest.raises(CallError, match=r"^y: kgen kernels do not run under torch.func transforms"):
+            run()
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(CallError, match=r"^y: an input carries a forward-mode tangent"):
+            k(dual, b)
+        torch.testing.assert_close(k(x, b), x * torch.sigmoid(x) + b)     # plain tensors run there
+    torch.testing.assert_close(k(x, b), x * torch.sigmoid(x) + b)
 
 
 def test_a_kernel_first_called_inside_torch_compile():
