@@ -376,9 +376,13 @@ def linear_gelu_split_k_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, INT64: tl.constexpr,
 ):
     # split-K's second step: a BLOCK_M x BLOCK_N tile per program adds up the SPLIT_K
-    # partial sums of linear_gelu_kernel, then runs the epilogue
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # partial sums of linear_gelu_kernel, then runs the epilogue (the tiles on one grid
+    # axis, which CUDA does not bound at 65535 as it does the others)
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid % num_pid_m
+    pid_n = pid // num_pid_m % num_pid_n
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if INT64:  # offsets past 2**31 elements
@@ -568,7 +572,7 @@ def linear_gelu(X, W, b, *, out=None, config=None):
         **config,
     )
     if split_k > 1:
-        grid = (_cdiv(M, config["BLOCK_M"]), _cdiv(N, config["BLOCK_N"]))
+        grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]),)
         linear_gelu_split_k_kernel[grid](
             partials, b, Y,
             M, N,

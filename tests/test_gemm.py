@@ -465,6 +465,17 @@ def test_split_k_batched_prologue_and_outputs():
         assert_close(d, torch.sigmoid(p), err)
 
 
+@pytest.mark.gpu
+def test_split_k_over_a_batch_past_a_grid_axis():
+    """Split-K's second kernel walks batch x tiles on the grid's first axis: a batch past the
+    65535 that CUDA allows its other axes launches and sums right."""
+    k = compiled("C = A @ B + 1")
+    a, b = randn(70000, 4, 24), randn(70000, 24, 3)
+    k(a[:2], b[:2])
+    got = getattr(k._last.module, k._last.name)(a, b, config=split_config(2))
+    assert_close(got, a.double() @ b.double() + 1, bound(a, b))
+
+
 def test_split_k_int64_offsets(monkeypatch):
     k = compiled("C = A @ B + R")
     a, b, r = randn(2, 33, 40), randn(40, 35), randn(2, 33, 35)
