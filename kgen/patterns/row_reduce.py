@@ -85,7 +85,8 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   computes its chunk's partials as the looped kernel's sweep would for one chunk
   (an online max and sum for softmax), stores them and
   raises a flag (release), polls its peers' flags, then combines every partial
-  in the same order, so that all programs of the group see the same row values,
+  in the same order, so that all programs of the group see the same row values
+  (while every peer publishes in time: see below),
   and computes its chunk's outputs from the operands it still holds in registers
   (loading only those the reduction did not read, rmsnorm's W).  Each element is
   read from DRAM once: f32 softmax, log-softmax and rmsnorm from N = 40000 to
@@ -94,7 +95,8 @@ Two or three kernels per spec; the host picks one per call from ``n_cols``:
   as many groups as fit on the GPU at once (their registers capped to fit) and
   picks the looped kernel when one group would not fit; a peer not seen within
   ``SPLIT_SPIN`` polls has its partials computed by the waiting program from
-  memory (the same code on the same chunk, so the same values) in pieces of
+  memory (the same code on the same chunk, so the same values up to rounding:
+  within a chunk the pieces sum in another order) in pieces of
   ``SPLIT_PEER_N`` columns, which leaves the registers to the chunk it holds (a
   whole chunk there cost the kernel 10-20% though it never ran), and lets
   Triton's interpreter, running programs one by one, run this kernel.  One
