@@ -7,11 +7,10 @@ import os
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from .errors import KgenError
-from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, read_regular
+from .files import NotRegularFile, abridged, display_path, existing_kind, file_kind, held_signals, read_regular
 
 SUITE_NAMES = ("gemm", "grouped", "linear", "norms", "softmax")   # kgen/suites.py (imported on use: torch)
 # what every command imports (seconds: torch and Triton), with Ctrl-C held (import_held)
@@ -56,17 +55,9 @@ def import_held(modules: tuple[str, ...]) -> None:
     import can leave it half-loaded (numpy then refuses a second load, or C++ aborts); held (its
     handler only notes it), it comes after the import, as the command's own "error: interrupted"."""
     import importlib
-    main = threading.current_thread() is threading.main_thread()   # only it takes signal handlers
-    pressed = []
-    before = signal.signal(signal.SIGINT, lambda *_: pressed.append(True)) if main else None
-    try:
+    with held_signals(signal.SIGINT):
         for name in modules:
             importlib.import_module(name)
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, before)
-    if pressed:
-        raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:

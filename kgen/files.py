@@ -8,15 +8,38 @@ refuse it before anything is written rather than fail half-way with an OSError.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
+import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from .errors import KgenError
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)    # absent on Windows, which has no FIFOs to block on
 _NAME_MAX, _PATH_MAX = 255, 4096            # Linux's, where pathconf cannot say
+
+
+@contextlib.contextmanager
+def held_signals(*signums: int) -> Iterator[None]:
+    """Run the block with ``signums`` (Ctrl-C's SIGINT, SIGTERM) noted, not acted on; each one
+    that came is raised again once the block is over, to its own handler (Ctrl-C then raises
+    KeyboardInterrupt), so that a file write or an import is never cut half-way.  Only the
+    main thread takes handlers: elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = {n: signal.signal(n, lambda number, _frame: came.append(number)) for n in signums}
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(n, signal.SIG_DFL if handler is None else handler)   # None: set outside Python
+        for n in dict.fromkeys(came):
+            signal.raise_signal(n)
 
 
 class NotRegularFile(KgenError):

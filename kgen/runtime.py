@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import linecache
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from . import dtypes as D
 from . import syntax as S
 from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
 from .errors import CallError, KgenError, Span, SpecError, did_you_mean
-from .files import abridged, display_path, read_regular
+from .files import abridged, display_path, held_signals, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
 from . import pipeline
@@ -148,20 +149,23 @@ os.umask(_UMASK)
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write by temp file and rename: readers see the old file or the new one, never half."""
+    """Write by temp file and rename: readers see the old file or the new one, never half.
+    Ctrl-C or SIGTERM during the write comes once it is over (``held_signals``): no temp file
+    is left behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=".tmp")   # short: any name fits
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
+    with held_signals(signal.SIGINT, signal.SIGTERM):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=".tmp")   # short: any name fits
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
 
 class Kernel:

@@ -767,6 +767,36 @@ def test_a_ctrl_c_during_the_imports_comes_after_them(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C is handled as before"
 
 
+def test_a_signal_during_a_file_write_comes_after_it(tmp_path, monkeypatch):
+    """A Ctrl-C or SIGTERM while kgen writes a module (build, cache) or a tuning file is held
+    until the file is whole and in place, then raised to its own handler: no temp file is
+    left beside it, and the handlers are as they were."""
+    from kgen import runtime
+    target = tmp_path / "module.py"
+    target.write_text("old\n")
+    real_fdopen = os.fdopen
+
+    def interrupted(signum):
+        def fdopen(*args, **kwargs):
+            os.kill(os.getpid(), signum)     # arrives mid-write
+            return real_fdopen(*args, **kwargs)
+        return fdopen
+    monkeypatch.setattr(runtime.os, "fdopen", interrupted(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        runtime.write_atomic(target, "new\n")
+    assert target.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["module.py"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    came = []
+    before = signal.signal(signal.SIGTERM, lambda number, _frame: came.append(target.read_text()))
+    try:
+        monkeypatch.setattr(runtime.os, "fdopen", interrupted(signal.SIGTERM))
+        runtime.write_atomic(target, "newer\n")
+        assert came == ["newer\n"], "SIGTERM's handler ran once the file was in place"
+        assert [p.name for p in tmp_path.iterdir()] == ["module.py"]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 @pytest.mark.parametrize("option, path, message", [
     ("--json", "nowhere/rows.json", "--json: nowhere is missing; expected the folder to write rows.json into"),
     ("--json", "specs/vector_add.k/rows.json", "--json: specs/vector_add.k is a regular file; expected the folder"),
