@@ -234,6 +234,18 @@ def test_error_through_compile_and_call_names_the_file(tmp_path):
         k(__import__("torch").ones(3))
 
 
+def test_a_file_name_with_control_characters_stays_on_the_error_line(tmp_path):
+    """file:line:col is one line whatever the file's name: a newline or a tab in it prints as
+    Python escapes it, the source line and the caret below as ever."""
+    spec = tmp_path / "a\nb\t.k"
+    spec.write_text(K("Y = sigmod(X)"))
+    with pytest.raises(SpecError) as info:
+        kgen.compile(spec)
+    head, line, caret = str(info.value).split("\n")
+    assert head == f"{tmp_path.as_posix()}/a\\nb\\t.k:2:9: unknown function 'sigmod' (did you mean 'sigmoid'?)"
+    assert line.strip() == "Y = sigmod(X)" and caret.strip() == "^^^^^^"
+
+
 def test_missing_spec_file_and_empty_spec():
     with pytest.raises(KgenError, match="no such spec file"):
         kgen.compile("specs/does_not_exist.k")
