@@ -90,6 +90,9 @@ def test_unread_helpers_go_with_their_comments():
     kept = _drop_unread(source)
     assert kept == ("import math\n\n\n# the limit\n_LIMIT = 3\n\n\n"
                     "def _c(y):\n    return y + _LIMIT\n\n\ndef run(y):\n    return _c(y)\n")
+    # a name mentioned elsewhere, if only in a comment, is kept: a doubt never drops a helper
+    doubt = "def _d():\n    return 1\n\n\ndef run():\n    return 2  # not _d\n"
+    assert _drop_unread(doubt) == doubt
 
 
 def test_long_lines_are_broken_without_changing_the_code():
