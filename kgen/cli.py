@@ -223,8 +223,8 @@ def cmd_build(args) -> int:
         raise KgenError(f"no .k files under {', '.join(map(str, args.paths))}")
     results, failed = [], 0
     for f in files:  # generate every file before writing any: a failure writes nothing
-        text, shown = read_spec(f)
         try:
+            text, shown = read_spec(f)   # (one that cannot be read or decoded is a spec that failed)
             results.append((f, generate(text, shown)))
         except KgenError as e:
             print(f"error: {e}", file=sys.stderr)
