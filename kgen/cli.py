@@ -219,6 +219,8 @@ def cmd_build(args) -> int:
 
     check_out_name(args.out, "-o")
     files = spec_files(args.paths)
+    if not files and args.check and _orphans(args.out, [p for p in args.paths if p.is_dir()], set()):
+        return _check(args, [])   # a folder's last spec deleted: its module is still an orphan
     if not files:
         raise KgenError(f"no .k files under {', '.join(map(str, args.paths))}")
     results, failed = [], 0

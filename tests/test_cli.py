@@ -112,6 +112,10 @@ def test_check_calls_orphaned_only_a_module_whose_spec_is_gone(project, capsys):
     capsys.readouterr()
     assert main(["build", "specs", "spécs", "-o", "out", "--check"]) == 1
     assert "out/softmax.py: orphaned (sp\\xe9cs/softmax.k is gone" in capsys.readouterr().out
+    assert main(["build", "spécs", "-o", "out", "--check"]) == 1    # the folder's last spec was the one
+    assert "out/softmax.py: orphaned (sp\\xe9cs/softmax.k is gone" in capsys.readouterr().out
+    assert main(["build", "spécs", "-o", "elsewhere", "--check"]) == 1      # no spec, no orphan: an error
+    assert "no .k files under" in capsys.readouterr().err
     (project / "shared").mkdir()
     shutil.copy(ROOT / "specs" / "softmax.k", project / "shared" / "softmax.k")
     (project / "specs" / "linked").symlink_to(project / "shared")
