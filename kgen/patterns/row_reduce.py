@@ -354,7 +354,7 @@ class Sweep:
     """One pass of the looped kernel over a tile's column chunks."""
 
     before: tuple[Line, ...]    # per-row statements and accumulators, once per tile
-    loads: tuple[str, ...]      # in the column loops
+    loaded: tuple[tuple[str, tuple[str, ...]], ...]     # (operand, its chunk load's lines), in the column loops
     body: tuple[Line, ...]
     stores: tuple[str, ...]     # whole vectors ...
     edge_stores: tuple[str, ...]    # ... and, in the chunks at the row's ends, the partial ones
@@ -364,7 +364,11 @@ class Sweep:
     # their body (None: the body above), and what merges their lanes into the row's values
     whole_body: tuple[Line, ...] | None = None
     whole_after: tuple[Line, ...] = ()
-    loaded: tuple[tuple[str, tuple[str, ...]], ...] = ()    # (operand, its lines in loads) per operand loaded
+
+    @property
+    def loads(self) -> tuple[str, ...]:
+        """The chunk loads' lines, operand after operand."""
+        return tuple(line for _, lines in self.loaded for line in lines)
 
     @property
     def counted(self) -> bool:
@@ -867,9 +871,8 @@ class _Planner:
                 whole_after.append(Line("the lanes merged into the row's: their sums, and their squared deviations "
                                         "within and between lanes", c.fold))
                 after.append(Line(what, c.final))
-            sweeps.append(Sweep(tuple(before), _lines(loaded), tuple(body), (), (), tuple(after),
-                                whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after),
-                                loaded=loaded))
+            sweeps.append(Sweep(tuple(before), loaded, tuple(body), (), (), tuple(after),
+                                whole_body=tuple(whole_body) if means else None, whole_after=tuple(whole_after)))
             exchanges.append(Exchange(tuple(chunk_finals), tuple(published), tuple(combine)))
         row_out = [o for o in outputs if o.col is not None]
         per_row_out = [o for o in outputs if o.col is None]
@@ -879,8 +882,7 @@ class _Planner:
         loaded = self.loaded(roots, names, chunked)
         body = statement_lines(self.kir, roots, dict(names)) if roots else []
         after = [Line(f"store {o.name}: one value per row", (o.store(),)) for o in per_row_out]
-        sweeps.append(Sweep(tuple(before), _lines(loaded), tuple(body), *_chunk_stores(row_out), tuple(after),
-                            loaded=loaded))
+        sweeps.append(Sweep(tuple(before), loaded, tuple(body), *_chunk_stores(row_out), tuple(after)))
         # Directions alternate, back from the outputs' sweep: forward where it reads operands
         # that no sweep before it did (layernorm's W and B, rmsnorm's W; backward, shifted f16
         # rows ran 5-28% slower on an H200), else backward (softmax f16 at N = 65536: 2% faster).
@@ -911,7 +913,7 @@ class _Planner:
         # the operands the chunk's reduction loaded stay in registers through the exchange: the
         # outputs' sweep loads only the others (rmsnorm's W)
         held = {name for name, _ in sweeps[0].loaded}
-        output = replace(output, loads=_lines((name, lines) for name, lines in output.loaded if name not in held),
+        output = replace(output, loaded=tuple((name, lines) for name, lines in output.loaded if name not in held),
                          after=row_stores)
         return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False), exchange.published,
                      exchange.combine, output)
@@ -1035,11 +1037,6 @@ class _Planner:
                  f"{shift} = tl.where({m} == {NEG_INF}, 0.0, {m})"]
         lines += [f"{s} = tl.sum({peers} * tl.exp({m_peers} - {shift}), axis=1, keep_dims=True)" for s, peers in sums]
         return tuple(lines)
-
-
-def _lines(loaded) -> tuple[str, ...]:
-    """The lines of (operand, its chunk load's lines) pairs, in order."""
-    return tuple(line for _, lines in loaded for line in lines)
 
 
 def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
