@@ -283,9 +283,8 @@ def log_softmax_kernel(
     X_ptr, Y_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, Y_stride0, Y_stride1,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
-    INT64: tl.constexpr, TILE_LOOP: tl.constexpr,
-    ROW_VEC: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    EVEN_N: tl.constexpr, TILE_LOOP: tl.constexpr, ROW_VEC: tl.constexpr,
 ):
     # Whole rows on chip (BLOCK_N >= n_cols): one tile of BLOCK_ROWS rows per program.
     # EVEN_N: n_cols == BLOCK_N, no column mask.  TILE_LOOP: the tile in a grid-stride loop that
@@ -314,14 +313,14 @@ def log_softmax_looped_kernel(
     X_ptr, Y_ptr,
     n_rows, n_cols,
     X_stride0, X_stride1, Y_stride0, Y_stride1,
-    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr,
-    INT64: tl.constexpr, SHIFT: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, INT64: tl.constexpr,
+    SHIFT: tl.constexpr, VEC: tl.constexpr,
 ):
     # Rows too wide to hold: each tile of rows is swept in chunks of BLOCK_N columns, once
     # per level of reductions and once more for the outputs, each sweep in the direction
-    # opposite to the one before.  EVEN_N: n_cols is a multiple of BLOCK_N, no column mask.
-    # SHIFT: the rows are not 16-byte aligned; chunks start at the boundary below the row
-    # (lanes, shift before its columns), so that memory moves in whole 16-byte vectors.
+    # opposite to the one before.  SHIFT: the rows are not 16-byte aligned; chunks start at
+    # the boundary below the row (lanes, shift before its columns), so that memory moves in
+    # whole 16-byte vectors.
     n_lanes = n_cols
     if SHIFT:
         n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row
@@ -375,7 +374,7 @@ def log_softmax_looped_kernel(
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
-            col_mask = (col < n_cols) | EVEN_N
+            col_mask = col < n_cols
             mask = row_mask & col_mask
             window = mask
             if SHIFT:
@@ -404,7 +403,7 @@ def log_softmax_looped_kernel(
             if INT64:
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
-            col_mask = (col < n_cols) | EVEN_N
+            col_mask = col < n_cols
             mask = row_mask & col_mask
             window = mask
             inner = mask
@@ -476,7 +475,7 @@ def log_softmax(X, *, out=None):
             NUM_WARPS = max(NUM_WARPS, 4 if BLOCK_N <= 2048 else 8)  # narrower loads: more of them in flight
         PER_SM = None
         options = dict(NUM_STAGES=1 if BLOCK_N <= 1024 or BLOCK_N >= 16384 else 2,
-                       TILE_LOOP=BLOCK_N > 1024 and (ROW_VEC >= 8 or BLOCK_N > 8192),
+                       TILE_LOOP=BLOCK_N > 1024 and (ROW_VEC >= 8 or BLOCK_N > 8192), EVEN_N=n_cols == BLOCK_N,
                        ROW_VEC=ROW_VEC, narrower=(8, 128) if NUM_WARPS == 16 else None)
     else:
         # too wide to hold, or shifted: sweep each row in chunks of BLOCK_N columns
@@ -500,7 +499,6 @@ def log_softmax(X, *, out=None):
         X, Y,
         n_rows, n_cols,
         X.stride(0), X.stride(1), Y.stride(0), Y.stride(1),
-    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N,
-        EVEN_N=n_cols > 0 and n_cols % BLOCK_N == 0, INT64=_needs_int64(X, Y),
+    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, INT64=_needs_int64(X, Y),
         num_warps=NUM_WARPS, **options)
     return Y

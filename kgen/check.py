@@ -351,6 +351,10 @@ class _Checker:
             if p.name.id in env:
                 raise SpecError(f"parameter '{p.name.id}' is declared twice", p.name.span)
             param = self._param(p)
+            defaulted = next((q for q in params if q.default is not None), None)
+            if param.default is None and defaulted is not None:   # as in Python: callers name or skip those last
+                raise SpecError(f"parameter '{param.name}' has no default but follows '{defaulted.name}', which has "
+                                f"one; put the parameters with defaults last", p.name.span)
             params.append(param)
             op = Op.SCALAR if param.is_scalar else Op.INPUT
             env[p.name.id] = Node(op, param.dtype, () if param.is_scalar else param.shape, (), p.name.id, p.span)

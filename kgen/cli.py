@@ -5,7 +5,6 @@ import argparse
 import errno
 import io
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -214,6 +213,7 @@ def _named_kind(path: Path) -> str:
 
 def cmd_build(args) -> int:
     from .pipeline import generate
+    from .render import comment_safe
     from .runtime import read_spec
     from .targets import check_out_name, write_target
 
@@ -227,7 +227,7 @@ def cmd_build(args) -> int:
     for f in files:  # generate every file before writing any: a failure writes nothing
         try:
             text, shown = read_spec(f)   # (one that cannot be read or decoded is a spec that failed)
-            results.append((f, generate(text, shown)))
+            results.append((f, generate(text, shown, out=display_path(args.out))))
         except KgenError as e:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
@@ -243,10 +243,23 @@ def cmd_build(args) -> int:
         return _check(args, results)
     for f, gen in results:
         target = args.out / (f.stem + ".py")
+        previous = _built_from(target)
         write_target(target, gen.source)
         patterns = ", ".join(f"{k.name}: {p.pattern}" for k, p in zip(gen.kernels, gen.plans))
-        print(f"wrote {display_path(target)} ({patterns})")
+        # a module of another spec of that name (a/x.k, then b/x.k) is replaced, as a moved spec's is: say so
+        ours = previous in (None, comment_safe(display_path(f)))
+        replaced = "" if ours else f"; it replaced the module of {previous}"
+        print(f"wrote {display_path(target)} ({patterns}{replaced})")
     return 0
+
+
+def _built_from(module: Path) -> str | None:
+    """The spec path the header of a module kgen generated names (as the header prints it), else None."""
+    from .targets import generated_from
+    try:
+        return generated_from(module)
+    except (OSError, KgenError):
+        return None
 
 
 def _check(args, results: list) -> int:
@@ -292,8 +305,8 @@ def _freshness(target: Path, source: str) -> str | None:
 def _shell_path(path: Path) -> str:
     """A path as a shell command line takes it back: relative where it can be, quoted, and never
     read as an option."""
-    shown = display_path(path)
-    return shlex.quote(f"./{shown}" if shown.startswith("-") else shown)
+    from .render import shell_word
+    return shell_word(display_path(path))
 
 
 def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> list[str]:

@@ -34,13 +34,16 @@ if hasattr(os, "register_at_fork"):   # a child forked while another thread gene
     os.register_at_fork(after_in_child=_fresh_lock)
 
 
-def generate(text: str, path: str = "<string>", args: dict[str, tuple[Arg, ...]] | None = None) -> Generated:
+def generate(text: str, path: str = "<string>", args: dict[str, tuple[Arg, ...]] | None = None,
+             out: str | None = None) -> Generated:
+    """``text`` (from ``path``) as Triton source; ``args`` types a headerless kernel from its
+    call, ``out`` is the folder a build writes the module into."""
     with python_lock:
         tree = parse(text, path)
         try:
             kernels = check(tree, args)
             plans = tuple(classify(k) for k in kernels)
-            source = render(plans, path, text)
+            source = render(plans, path, text, out)
             defined_once(source, kernels)
             return Generated(source, plans, kernels)
         except RecursionError:  # a statement nested deeper than Python's stack

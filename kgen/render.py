@@ -9,6 +9,7 @@ import ast
 import collections
 import hashlib
 import io
+import os
 import re
 import shlex
 import tokenize
@@ -58,18 +59,26 @@ def comment_text(text: str) -> str:
     return _ESCAPE.sub(char, text)
 
 
+def shell_word(path: str) -> str:
+    """A path as a shell command line takes it back: quoted, and never read as an option."""
+    return shlex.quote(f"./{path}" if path.startswith("-") else path)
+
+
 def spec_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def render(plans, path: str, text: str) -> str:
+def render(plans, path: str, text: str, out: str | None = None) -> str:
+    """The module of ``plans``; ``out`` is the folder a build writes it into, which the
+    header's rebuild command names (unless it is the default, ``generated``)."""
     helpers = []
     for plan in plans:
         helpers += [h for h in plan.helpers if h not in helpers]
     from .lower import HELPERS
     helpers.sort(key=HELPERS.index)
-    # the header's rebuild command, as a shell takes it back (quoted, never read as an option)
-    command = shlex.quote(f"./{path}" if path.startswith("-") else path)
+    command = shell_word(path)
+    if out is not None and os.path.normpath(out) != "generated":
+        command += f" -o {shell_word(out)}"
     source = environment().get_template("module.jinja").render(
         version=__version__, path=comment_safe(path), command=comment_safe(command), sha=spec_hash(text),
         plans=plans, helpers=helpers)

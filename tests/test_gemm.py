@@ -671,6 +671,10 @@ def test_tensors_on_different_devices():
     ("C = (X + v) @ B", ((3, 4), (4,), (4, 5)), "pointwise function of one input", "X + v"),
     ("C = A @ B + R", ((3, 4), (4, 5), (2, 2, 3, 5)), "at most one batch", None),
     ("C = A @ B * k", ((3, 4), (4, 5), None), "'k' is a name the generated GEMM kernel uses", None),
+    # an operand's prologue lives in the K loop, a tile at a time: not after it, nor stored
+    ("X = relu(A)\nC = X @ B\nY = C + X", ((4, 4), (4, 4)), "cannot be used after the matmul", "relu(A)"),
+    ("kernel k(A: f16[M, M], B: f16[M, M]) -> (C: f16[M, M], X: f16[M, M]) {\n    X = relu(A)\n    C = X @ B\n}",
+     ((4, 4), (4, 4)), "X, a value computed for the matmul's operand, cannot be an output", "relu(A)"),
 ])
 def test_outside_the_pattern(text, args, message, where):
     values = [0.5 if s is None else randn(*s) for s in args]

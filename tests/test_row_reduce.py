@@ -1116,6 +1116,24 @@ def test_general_row_reductions(text, chunk, monkeypatch):
         assert_matches(got, want, n, name)
 
 
+@pytest.mark.parametrize("dtype, value", [("f16", 60000.0), ("f32", 1e6), ("f32", -3.5e4)])
+@pytest.mark.parametrize("chunk", [None, 16, 64])
+def test_rows_of_one_value_have_no_variance(dtype, value, chunk):
+    """A row whose values are all one large number has variance 0, so rstd is exactly
+    1/sqrt(eps), on chip and looped (chunks inside the row kept lane by lane, a row's ends
+    merged): a deviation from a mean recovered by rounding, ulp(value) ** 2, would be near eps.
+    Rows of 257 and 1000 columns cross the chunks (shifted) and fill whole ones."""
+    kernel = spec_kernel("layernorm", chunk, None, dtype)
+    for n in (257, 1000):
+        X = torch.full((3, n), value, device=DEVICE, dtype={"f16": torch.float16, "f32": torch.float32}[dtype])
+        W, B = torch.ones_like(X[0]), torch.zeros_like(X[0])
+        Y, mu, rstd = kernel(X, W, B)
+        _, torch_mu, torch_rstd = torch.native_layer_norm(X.double(), (n,), W.double(), B.double(), 1e-5)
+        assert_matches(rstd, torch_rstd, 1, f"rstd, n = {n}")
+        assert_matches(mu, torch_mu, 1, f"mu, n = {n}")
+        assert torch.equal(Y, torch.zeros_like(Y)), f"Y, n = {n}"
+
+
 def test_all_neg_inf_rows_give_what_torch_gives():
     for chunk in (None, 4):
         for name in ("softmax", "log_softmax"):

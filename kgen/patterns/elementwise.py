@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..autotune import Tuning
 from ..errors import SpecError, UnsupportedError
-from ..ir import KernelIR, POINTWISE, LEAVES, topo_order
+from ..ir import KernelIR, POINTWISE, LEAVES, topo_order, type_str
 from ..lower import Line, config_check, config_text, helpers_for, statement_lines, store_cast
 from .host import Host, check_locals, host
 
@@ -157,12 +157,13 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     nodes = topo_order(o.node for o in kir.outputs)
     if any(n.op not in POINTWISE and n.op not in LEAVES for n in nodes):
         return None
-    shape = kir.outputs[0].node.shape
+    first = kir.outputs[0]
+    shape = first.node.shape
     for o in kir.outputs[1:]:
         if o.node.shape != shape:
-            raise UnsupportedError(f"the outputs of an elementwise kernel must share one shape: "
-                                   f"{kir.outputs[0].name} has {list(shape)}, {o.name} has {list(o.node.shape)}",
-                                   o.span)
+            raise UnsupportedError(f"the outputs of an elementwise kernel must share one shape: {first.name} is "
+                                   f"{type_str(first.node.dtype, shape)}, {o.name} is "
+                                   f"{type_str(o.node.dtype, o.node.shape)}", o.span)
     if any(p.is_list for p in kir.params):
         return None
     check_locals(kir, KERNEL_LOCALS, "elementwise kernel")

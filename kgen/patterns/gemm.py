@@ -61,7 +61,7 @@ import torch
 from ..autotune import Tuning
 from .. import dtypes as D
 from ..errors import SpecError, UnsupportedError
-from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, is_part, topo_order
+from ..ir import LEAVES, POINTWISE, Dim, KernelIR, Node, Op, is_part, topo_order, type_str
 from ..lower import CALL, Line, Printer, config_check, config_text, helpers_for, statement_lines, store_cast
 from ..render import comment_safe
 from .host import Host, check_locals, host
@@ -378,17 +378,22 @@ def lower(kir: KernelIR) -> Lowered | None:
                 if id(i) in under and i is not mm and i.op not in LEAVES:
                     raise UnsupportedError("a value computed for the matmul's operand cannot be used "
                                            "after the matmul", i.span)
+    for o in kir.outputs:   # the operands' values live in the K loop, a tile of K at a time
+        if id(o.node) in under and o.node is not mm and o.node.op not in LEAVES:
+            raise UnsupportedError(f"{o.name}, a value computed for the matmul's operand, cannot be an output "
+                                   f"of the GEMM kernel (compute it in a kernel of its own)", o.node.span)
     out_shape = kir.outputs[0].node.shape
+    first = kir.outputs[0]
+    out_type = type_str(first.node.dtype, out_shape)
     for o in kir.outputs:
         if o.node.shape != out_shape:
-            raise UnsupportedError(f"the outputs of a GEMM kernel must share one shape: {kir.outputs[0].name} "
-                                   f"has {list(out_shape)}, {o.name} has {list(o.node.shape)}", o.span)
+            raise UnsupportedError(f"the outputs of a GEMM kernel must share one shape: {first.name} is {out_type}, "
+                                   f"{o.name} is {type_str(o.node.dtype, o.node.shape)}", o.span)
     if len(out_shape) > 3:
-        raise UnsupportedError(f"GEMM outputs have at most one batch dimension, got {list(out_shape)}",
-                               kir.outputs[0].span)
+        raise UnsupportedError(f"GEMM outputs have at most one batch dimension, got {out_type}", first.span)
     if tuple(out_shape[-2:]) != tuple(mm.shape[-2:]):
-        raise UnsupportedError(f"the epilogue broadcasts the matmul's {list(mm.shape)} result to "
-                               f"{list(out_shape)}; only a batch dimension may be added", mm.span)
+        raise UnsupportedError(f"the epilogue broadcasts the matmul's {type_str(mm.dtype, mm.shape)} result to "
+                               f"{out_type}; only a batch dimension may be added", mm.span)
     a_input = _operand_input(lhs, "left")
     b_input = _operand_input(rhs, "right")
     check_locals(kir, KERNEL_LOCALS, "GEMM kernel", dims=HOST_LOCALS)

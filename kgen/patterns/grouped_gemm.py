@@ -277,7 +277,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
             raise UnsupportedError(f"a grouped GEMM multiplies 2-D matrices per problem; the {side} operand is "
                                    f"{type_str(x.dtype, x.shape)}", x.span)
     if len(low.out_shape) != 2:
-        raise UnsupportedError(f"a grouped GEMM's outputs are 2-D per problem, got {list(low.out_shape)}",
+        raise UnsupportedError(f"a grouped GEMM's outputs are 2-D per problem, got "
+                               f"{type_str(kir.outputs[0].node.dtype, low.out_shape)}",
                                kir.outputs[0].span)
     for p in kir.params:
         if not p.is_scalar and not p.is_list and p.name in low.tensors:

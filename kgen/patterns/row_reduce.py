@@ -177,7 +177,7 @@ INNER_LANES = _LANES + (
 )
 # ... while the chunks before whole_lo and from whole_hi on hold the row's ends
 END_LANES = _LANES + (
-    "col_mask = (col < n_cols) | EVEN_N",
+    "col_mask = col < n_cols",
     "mask = row_mask & col_mask",
     "window = mask",
     "inner = mask",
@@ -188,6 +188,18 @@ END_LANES = _LANES + (
     "    window = tl.max_constancy(row_mask & (lane < lane_end), [1, VEC])",
     "    inner = tl.max_constancy(row_mask & (lane >= lane_lo) & (lane < lane_hi), [1, VEC])",
     "    edges = mask & ((lane < lane_lo) | (lane >= lane_hi))",
+)
+# The split kernel's chunk, whose rows are never shifted: lanes are the row's columns, and
+# EVEN_N (a whole number of chunks) drops their mask
+SPLIT_LANES = (
+    "lane = lane0 + tl.arange(0, BLOCK_N)[None, :]",
+    "if INT64:",
+    "    lane = lane.to(tl.int64)",
+    "col = lane  # the row's columns",
+    "col_mask = (col < n_cols) | EVEN_N",
+    "mask = row_mask & col_mask",
+    "window = mask",
+    "inner = mask",
 )
 # A sweep that merges the chunks at a row's ends by their means and squared deviations (see
 # _Planner.centered) counts the columns of each that lie in the row, from the chunk's first
@@ -410,10 +422,16 @@ class Sweep:
 
     @property
     def single(self) -> ChunkLoop:
-        """One chunk, which may hold the row's ends (the split kernel's)."""
+        """One chunk of a row never shifted, which may hold its end (the split kernel's)."""
         stores = self.stores + self.edge_stores
-        return ChunkLoop("", (), read_lanes(self.lanes[1], [*self.loads, *self.body, *stores, *self.after]), self.body,
+        return ChunkLoop("", (), read_lanes(SPLIT_LANES, [*self.loads, *self.body, *stores, *self.after]), self.body,
                          stores)
+
+    def unshifted(self) -> Sweep:
+        """This sweep where rows are never shifted: no ``if SHIFT:`` blocks, no stores at a
+        shifted row's ends."""
+        return replace(self, loaded=tuple((name, _unshifted(lines)) for name, lines in self.loaded),
+                       stores=_unshifted(self.stores), edge_stores=())
 
 
 @dataclass(frozen=True)
@@ -444,6 +462,8 @@ class Split:
     published: tuple[tuple[str, str, str], ...]   # (value, its peers' vector, identity) per exchanged value
     combine: tuple[Line, ...]           # the peers' vectors -> the reductions' row values
     output: Sweep                       # the outputs' sweep, for one chunk; per-row stores by part 0
+    starts: tuple[str, ...]             # where the row starts in each [rows, N] operand ...
+    peer_starts: tuple[str, ...]        # ... and in those a peer's partials read
 
     @property
     def values(self) -> str:
@@ -708,7 +728,7 @@ class _Planner:
         body = self.on_chip_body(dict(names), {id(nodes_of[o.name]): o.load() for o in inputs})
         sweeps, exchanges = self.sweeps(dict(names), {id(nodes_of[o.name]): o for o in inputs if o.col is not None},
                                         outputs)
-        split = self.split(sweeps, exchanges)
+        split = self.split(sweeps, exchanges, [o for o in operands if o.start])
         helpers = list(helpers_for(self.nodes))
         if any(r.op is Op.MAX and r.dtype.is_float for r in self.reductions):
             helpers.append("max_combine")
@@ -893,7 +913,7 @@ class _Planner:
             sweeps[i] = replace(sweeps[i], backward=(turn % 2 == 0) == last_backward)
         return _read_finals(sweeps), exchanges
 
-    def split(self, sweeps: list[Sweep], exchanges: list[Exchange]) -> Split | None:
+    def split(self, sweeps: list[Sweep], exchanges: list[Exchange], operands: list[Operand]) -> Split | None:
         """The split-row kernel, for a spec whose reductions take one sweep (softmax,
         log-softmax, rmsnorm; not a variance with its mean, as layernorm's: split, f32 rows of
         32768 to 262144 ran 3-38% slower than looped on an H200, as did an exchange per level
@@ -915,8 +935,10 @@ class _Planner:
         held = {name for name, _ in sweeps[0].loaded}
         output = replace(output, loaded=tuple((name, lines) for name, lines in output.loaded if name not in held),
                          after=row_stores)
-        return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False), exchange.published,
-                     exchange.combine, output)
+        starts = {o.name: f"{o.start} = {o.row_offsets()}" for o in operands}
+        return Split(replace(sweeps[0], after=exchange.chunk_finals, backward=False).unshifted(), exchange.published,
+                     exchange.combine, output.unshifted(), tuple(starts.values()),
+                     tuple(starts[name] for name, _ in sweeps[0].loaded if name in starts))
 
     def per_row_lines(self, roots, names: dict[int, str], also=()) -> list[Line]:
         """Statements of one value per row that ``roots`` need (and ``also``): computed once
@@ -979,9 +1001,11 @@ class _Planner:
         ``(a - m) ** 2``) the running sum of squared deviations from the running mean, so
         that large means do not cancel as in ``E[a^2] - E[a]^2``.
 
-        The chunks inside the row keep both lane by lane: each lane has seen as many whole
-        chunks as the others, so Welford's update, ``(a - sum / seen) ** 2 * seen / (seen +
-        1)``, takes one scalar weight per chunk and no reduction.  Once they are read, the
+        The chunks inside the row keep both lane by lane, a running mean and squared
+        deviations: each lane has seen as many whole chunks as the others, so Welford's update,
+        ``dev = a - mean``, ``dev ** 2 * seen / (seen + 1)`` and ``mean + dev / (seen + 1)``, takes
+        scalar weights per chunk and no reduction (a row of one value deviates by exactly 0,
+        where ``a - sum / seen`` deviated by its rounding).  Once they are read, the
         lanes merge into the row's values; the chunks at the row's ends (partial, masked)
         merge one by one.  Each merge (Chan, Golub and LeVeque) adds the part's squared
         deviations from its own mean and ``step ** 2 * count * cols / (count + cols)`` for
@@ -1014,15 +1038,15 @@ class _Planner:
                          [f"tl.sum({dev} * {dev}, axis=1, keep_dims=True)"] * len(squares))]
         lane_update = [f"{seen} = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one",
                        f"{x} = tl.where(mask, {a}, 0.0)",
-                       f"{dev} = {x} - {lanes} * (1.0 / tl.maximum({seen}, 1.0))"]
+                       f"{dev} = {x} - {lanes}"]
         # (weighted before it is squared: in the first chunk, weight 0, a deviation past 1.8e19 gives
         # 0, not inf * 0 = NaN)
         lane_update += [f"{sq} = {sq} + {dev} * ({dev} * ({seen} / ({seen} + 1.0)))" for sq in square_lanes]
-        lane_update.append(f"{lanes} = {lanes} + {x}")
+        lane_update.append(f"{lanes} = {lanes} + {dev} * (1.0 / ({seen} + 1.0))")
         fold = [f"{whole} = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds",
                 f"{cols} = {whole} * BLOCK_N",
-                f"{chunk} = tl.sum({lanes}, axis=1, keep_dims=True)",
-                *merge(chunk, cols, f"{lanes} / tl.maximum({whole}, 1.0) - {chunk_mean}",
+                f"{chunk} = tl.sum({lanes}, axis=1, keep_dims=True) * {whole}",
+                *merge(chunk, cols, f"{lanes} - {chunk_mean}",
                        [f"tl.sum({sq} + {whole} * {dev} * {dev}, axis=1, keep_dims=True)" for sq in square_lanes])]
         final = [f"{mn} = {total} / n_cols"]
         final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in squares if s.op is Op.MEAN]
@@ -1057,6 +1081,19 @@ def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
               "    lane_lo = (shift + VEC - 1) // VEC * VEC",
               "    lane_hi = (shift + n_cols) // VEC * VEC"]
     return tuple(lines)
+
+
+def _unshifted(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """``lines`` without their ``if SHIFT:`` blocks, for a kernel whose rows are never shifted."""
+    kept, skip = [], None
+    for line in lines:
+        depth = len(line) - len(line.lstrip())
+        if skip is not None and depth > skip:
+            continue
+        skip = depth if line.strip() == "if SHIFT:" else None
+        if skip is None:
+            kept.append(line)
+    return tuple(kept)
 
 
 def _chunk_stores(outputs: list[Operand]) -> tuple[tuple[str, ...], tuple[str, ...]]:
