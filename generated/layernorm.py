@@ -293,11 +293,11 @@ def _layernorm_tile(
     # mu = mean(X, axis=-1)
     X = tl.load(X_ptr + tl.multiple_of(row * X_stride0 + col * X_stride1, [1, ROW_VEC]), mask=mask,
                 other=0.0).to(tl.float32)
-    mu = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True) / n_cols
+    mu = tl.div_rn(tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True), n_cols * 1.0)
     # xc = X - mu
     xc = X - mu
     # var = mean(xc * xc, axis=-1)
-    var = tl.sum(tl.where(mask, xc * xc, 0.0), axis=1, keep_dims=True) / n_cols
+    var = tl.div_rn(tl.sum(tl.where(mask, xc * xc, 0.0), axis=1, keep_dims=True), n_cols * 1.0)
     # rstd = rsqrt(var + eps)
     rstd = rsqrt(var + eps)
     # Y = xc * rstd * W + B
@@ -408,9 +408,9 @@ def layernorm_looped_kernel(
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             # the chunk's sum, and its squared deviations from its own mean, merged into the row's
             mu_chunk = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
-            mu_chunk_mean = mu_chunk / tl.maximum(chunk_cols, 1.0)
+            mu_chunk_mean = tl.div_rn(mu_chunk, tl.maximum(chunk_cols, 1.0))
             mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
-            mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
+            mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
             mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
             mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
             var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
@@ -430,24 +430,25 @@ def layernorm_looped_kernel(
             # Welford lane by lane: each lane's sum, and its squared deviations from its running mean
             mu_seen = (col0 // BLOCK_N - whole_lo).to(tl.float32)  # whole chunks before this one
             mu_x = tl.where(mask, X, 0.0)
-            mu_dev = mu_x - mu_lanes * (1.0 / tl.maximum(mu_seen, 1.0))
+            mu_dev = mu_x - mu_lanes
             var_lanes = var_lanes + mu_dev * (mu_dev * (mu_seen / (mu_seen + 1.0)))
-            mu_lanes = mu_lanes + mu_x
+            mu_lanes = tl.where(tl.abs(mu_lanes) == float("inf"), mu_lanes + mu_x,
+                                mu_lanes + mu_dev * (1.0 / (mu_seen + 1.0)))
         # the lanes merged into the row's: their sums, and their squared deviations within and between lanes
         mu_whole = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds
         mu_cols = mu_whole * BLOCK_N
-        mu_chunk = tl.sum(mu_lanes, axis=1, keep_dims=True)
-        mu_chunk_mean = mu_chunk / tl.maximum(mu_cols, 1.0)
-        mu_dev = mu_lanes / tl.maximum(mu_whole, 1.0) - mu_chunk_mean
-        mu_step = mu_chunk_mean - mu_sum / tl.maximum(mu_count, 1.0)
+        mu_chunk = tl.sum(mu_lanes, axis=1, keep_dims=True) * mu_whole
+        mu_chunk_mean = tl.div_rn(mu_chunk, tl.maximum(mu_cols, 1.0))
+        mu_dev = mu_lanes - mu_chunk_mean
+        mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
         mu_weight = mu_count * mu_cols / tl.maximum(mu_count + mu_cols, 1.0)
         mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
         var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
         mu_sum = mu_sum + mu_chunk
         mu_count = mu_count + mu_cols
         # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1)
-        mu = mu_sum / n_cols
-        var = var / n_cols
+        mu = tl.div_rn(mu_sum, n_cols * 1.0)
+        var = tl.div_rn(var, n_cols * 1.0)
         # rstd = rsqrt(var + eps)
         rstd = rsqrt(var + eps)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):

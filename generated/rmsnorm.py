@@ -293,7 +293,7 @@ def _rmsnorm_tile(
     # mean(X * X, axis=-1)
     X = tl.load(X_ptr + tl.multiple_of(row * X_stride0 + col * X_stride1, [1, ROW_VEC]), mask=mask,
                 other=0.0).to(tl.float32)
-    row_mean = tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True) / n_cols
+    row_mean = tl.div_rn(tl.sum(tl.where(mask, X * X, 0.0), axis=1, keep_dims=True), n_cols * 1.0)
     # rms = rsqrt(mean(X * X, axis=-1) + eps)
     rms = rsqrt(row_mean + eps)
     # Y = X * rms * W
@@ -407,7 +407,7 @@ def rmsnorm_looped_kernel(
             # mean(X * X, axis=-1)
             row_mean_acc = row_mean_acc + tl.where(mask, X * X, 0.0)
         # mean(X * X, axis=-1): the lanes' partial sums combined
-        row_mean = tl.sum(row_mean_acc, axis=1, keep_dims=True) / n_cols
+        row_mean = tl.div_rn(tl.sum(row_mean_acc, axis=1, keep_dims=True), n_cols * 1.0)
         # rms = rsqrt(mean(X * X, axis=-1) + eps)
         rms = rsqrt(row_mean + eps)
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):

@@ -1134,6 +1134,26 @@ def test_rows_of_one_value_have_no_variance(dtype, value, chunk):
         assert torch.equal(Y, torch.zeros_like(Y)), f"Y, n = {n}"
 
 
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_infinities_reach_a_looped_mean_as_a_sum_carries_them(chunk):
+    """A row holding -inf has mean -inf (+inf and -inf: NaN) however its chunks fall: the
+    looped kernel's lanes keep running means, which must stay at ±inf rather than turn NaN
+    on the finite values after it (x - -inf is +inf)."""
+    kernel = spec_kernel("layernorm", chunk, None, "f32")
+    n = 40
+    X = torch.ones(5, n, device=DEVICE)
+    X[0, 0] = float("-inf")                        # in the first chunk, finite ones after it
+    X[1, 20] = float("inf")                        # inside the row
+    X[2, 39] = float("-inf")                       # at its end
+    X[3, 3], X[3, 30] = float("inf"), float("-inf")
+    W, B = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
+    got = kernel(X, W, B, 1e-5)
+    want = evaluate(kernel.ir, {"X": X, "W": W, "B": B, "eps": 1e-5})
+    assert want[1][:3].flatten().tolist() == [float("-inf"), float("inf"), float("-inf")] and want[1][3].isnan()
+    for name, g, w in zip(kernel.outputs, got, want):
+        assert_matches(g, w, n, f"{name}, chunk {chunk}")
+
+
 def test_all_neg_inf_rows_give_what_torch_gives():
     for chunk in (None, 4):
         for name in ("softmax", "log_softmax"):

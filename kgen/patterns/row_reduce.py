@@ -960,9 +960,9 @@ class _Planner:
         dtype = r.dtype.compute.triton
         tile = "[BLOCK_ROWS, BLOCK_N]"
         if r.op in (Op.SUM, Op.MEAN):
-            mean = " / n_cols" if r.op is Op.MEAN else ""
+            total = f"tl.sum({acc}, axis=1, keep_dims=True)"
             return (f"{acc} = tl.zeros({tile}, {dtype})", f"{acc} = {acc} + tl.where(mask, {x}, 0.0)",
-                    f"{name} = tl.sum({acc}, axis=1, keep_dims=True){mean}")
+                    f"{name} = {_mean(total) if r.op is Op.MEAN else total}")
         fn = "maximum" if r.op is Op.MAX else "minimum"
         if r.dtype.is_float:
             identity = NEG_INF if r.op is Op.MAX else POS_INF
@@ -991,7 +991,7 @@ class _Planner:
         update.append(f"{mn} = {grown}")
         # a row of -inf only: each exp(a - m) is exp(-inf - -inf), NaN as torch computes it
         final = [f"{names[id(s)]} = tl.where({mn} == {NEG_INF}, {NAN}, {names[id(s)]})" for s in sums]
-        final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in sums if s.op is Op.MEAN]
+        final += [f"{names[id(s)]} = {_mean(names[id(s)])}" for s in sums if s.op is Op.MEAN]
         return tuple(init), tuple(update), tuple(final)
 
     def centered(self, m: Node, squares: list[Node], count: str, names: dict[int, str], a: str) -> Centered:
@@ -1023,9 +1023,9 @@ class _Planner:
         def merge(part_sum: str, part_cols: str, deviations: str, part_squares: list[str]) -> list[str]:
             """A part of the row (its sum, its columns, its deviations from its mean ``dev``,
             and its sum of squared deviations for each of ``squares``) merged into the row's."""
-            return [f"{chunk_mean} = {part_sum} / tl.maximum({part_cols}, 1.0)",
+            return [f"{chunk_mean} = {_mean(part_sum, f'tl.maximum({part_cols}, 1.0)')}",
                     f"{dev} = {deviations}",
-                    f"{step} = {chunk_mean} - {total} / tl.maximum({count}, 1.0)",
+                    f"{step} = {chunk_mean} - {_mean(total, f'tl.maximum({count}, 1.0)')}",
                     f"{weight} = {count} * {part_cols} / tl.maximum({count} + {part_cols}, 1.0)",
                     # (none for the first part: a step past 1.8e19 squares to inf, and inf * 0 is NaN)
                     f"{between} = tl.where({weight} > 0, {step} * {step} * {weight}, 0.0)",
@@ -1042,14 +1042,16 @@ class _Planner:
         # (weighted before it is squared: in the first chunk, weight 0, a deviation past 1.8e19 gives
         # 0, not inf * 0 = NaN)
         lane_update += [f"{sq} = {sq} + {dev} * ({dev} * ({seen} / ({seen} + 1.0)))" for sq in square_lanes]
-        lane_update.append(f"{lanes} = {lanes} + {dev} * (1.0 / ({seen} + 1.0))")
+        # (a lane at ±inf stays there, as a sum would: inf + dev * w, dev = x - inf, would be NaN)
+        lane_update.append(f"{lanes} = tl.where(tl.abs({lanes}) == {POS_INF}, {lanes} + {x}, "
+                           f"{lanes} + {dev} * (1.0 / ({seen} + 1.0)))")
         fold = [f"{whole} = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds",
                 f"{cols} = {whole} * BLOCK_N",
                 f"{chunk} = tl.sum({lanes}, axis=1, keep_dims=True) * {whole}",
                 *merge(chunk, cols, f"{lanes} - {chunk_mean}",
                        [f"tl.sum({sq} + {whole} * {dev} * {dev}, axis=1, keep_dims=True)" for sq in square_lanes])]
-        final = [f"{mn} = {total} / n_cols"]
-        final += [f"{names[id(s)]} = {names[id(s)]} / n_cols" for s in squares if s.op is Op.MEAN]
+        final = [f"{mn} = {_mean(total)}"]
+        final += [f"{names[id(s)]} = {_mean(names[id(s)])}" for s in squares if s.op is Op.MEAN]
         return Centered(tuple(init), tuple(update), tuple(lane_update), tuple(fold), tuple(final))
 
     def online_peers(self, values: list[tuple[str, str]]) -> tuple[str, ...]:
@@ -1081,6 +1083,14 @@ def _row_starts(operands: list[Operand]) -> tuple[str, ...]:
               "    lane_lo = (shift + VEC - 1) // VEC * VEC",
               "    lane_hi = (shift + n_cols) // VEC * VEC"]
     return tuple(lines)
+
+
+def _mean(total: str, count: str = "n_cols * 1.0") -> str:
+    """``total / count`` rounded correctly, as torch divides (Triton's f32 ``/`` is within 2 ulp):
+    a row of one value has exactly that mean, so it deviates by 0 (layernorm's rstd is
+    1/sqrt(eps)).  Once a row: the division's cost does not show.  (``n_cols * 1.0``: an f32
+    divisor, which ``tl.div_rn`` takes, whether n_cols is a tensor or specialized to 1.)"""
+    return f"tl.div_rn({total}, {count})"
 
 
 def _unshifted(lines: tuple[str, ...]) -> tuple[str, ...]:
@@ -1121,7 +1131,8 @@ def _loaded(loads: list[str], lines: list[Line]) -> list[Line]:
 def _reduce(r: Node, x: str) -> str:
     """A whole-row reduction of ``x`` ([BLOCK_ROWS, BLOCK_N]) to [BLOCK_ROWS, 1]."""
     if r.op in (Op.SUM, Op.MEAN):
-        return f"tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True)" + (" / n_cols" if r.op is Op.MEAN else "")
+        total = f"tl.sum(tl.where(mask, {x}, 0.0), axis=1, keep_dims=True)"
+        return _mean(total) if r.op is Op.MEAN else total
     if r.dtype.is_float:
         identity = NEG_INF if r.op is Op.MAX else POS_INF
         return f"tl.reduce(tl.where(mask, {x}, {identity}), 1, {r.op.value}_combine, keep_dims=True)"
