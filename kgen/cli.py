@@ -23,6 +23,8 @@ PATH_ARGUMENTS = {"paths": ("PATH", "a .k file or a folder"), "path": ("PATH", "
 
 
 def main(argv: list[str] | None = None) -> int:
+    if sys.stderr is None:   # started with fd 2 closed: print(file=None) would write errors to stdout
+        sys.stderr = open(os.devnull, "w")
     stdout = _Stdout(sys.stdout)
     sys.stdout = stdout
     try:

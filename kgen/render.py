@@ -64,6 +64,15 @@ def shell_word(path: str) -> str:
     return shlex.quote(f"./{path}" if path.startswith("-") else path)
 
 
+def _relative(folder: str) -> str:
+    """A folder relative to the working one (``../out``), however it was spelled (``/abs/out``,
+    ``a/../out/``), so that one folder gives one header; absolute where no relative path leads."""
+    try:
+        return Path(os.path.relpath(folder)).as_posix()
+    except ValueError:   # another drive
+        return Path(os.path.abspath(folder)).as_posix()
+
+
 def spec_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -77,8 +86,9 @@ def render(plans, path: str, text: str, out: str | None = None) -> str:
     from .lower import HELPERS
     helpers.sort(key=HELPERS.index)
     command = shell_word(path)
-    if out is not None and os.path.normpath(out) != "generated":
-        command += f" -o {shell_word(out)}"
+    folder = None if out is None else _relative(out)
+    if folder not in (None, "generated"):
+        command += f" -o {shell_word(folder)}"
     source = environment().get_template("module.jinja").render(
         version=__version__, path=comment_safe(path), command=comment_safe(command), sha=spec_hash(text),
         plans=plans, helpers=helpers)

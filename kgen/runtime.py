@@ -574,10 +574,21 @@ _DICT_METHODS = frozenset(name for name in dir(dict) if not name.startswith("_")
 SPEC_LIMIT = 1 << 24     # characters of a spec file: more is no spec, and could be more than memory holds
 
 
+def path_argument(value, name: str) -> Path:
+    """A path argument as a Path, else a CallError: a PathLike of bytes, or a NUL in the name
+    (which no file system takes: Python's os calls raise ValueError on it)."""
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise CallError(f"{name}: expected a str or os.PathLike path of str, got a path of {type(path).__name__}")
+    if "\0" in path:
+        raise CallError(f"{name}: a path cannot hold a NUL character, got {path!r}")
+    return Path(path)
+
+
 def read_spec(text_or_path: str | os.PathLike) -> tuple[str, str]:
     """(text, path) for a spec given as a path or as text."""
     if isinstance(text_or_path, os.PathLike) or isinstance(text_or_path, str) and _names_a_file(text_or_path):
-        path = Path(text_or_path)
+        path = path_argument(text_or_path, "path")
         try:
             raw = read_regular(path, "a spec file", limit=SPEC_LIMIT + 1)
         except FileNotFoundError:
@@ -653,11 +664,12 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     for name, value in (("path", path), ("out_dir", out_dir)):
         if not isinstance(value, (str, os.PathLike)) and not (name == "out_dir" and value is None):
             raise CallError(f"{name}: expected a str or os.PathLike path, got {type(value).__name__}")
-        if value is not None and not os.fspath(value):   # Path("") is the working folder
+        if value is not None and path_argument(value, name) and not os.fspath(value):   # Path("") is "."
             raise CallError(f"{name}: expected a path, got an empty string")
-    out = Path("generated" if out_dir is None else out_dir)
+    path = path_argument(path, "path")
+    out = Path("generated") if out_dir is None else path_argument(out_dir, "out_dir")
     check_out_name(out, "out_dir")
-    text, shown = read_spec(Path(path))
+    text, shown = read_spec(path)
     generated = generate(text, shown, out=display_path(out))
     target = out / (Path(path).stem + ".py")
     problems = write_problems(out, [target], force, "pass force=True", [Path(path)])

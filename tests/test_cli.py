@@ -54,10 +54,13 @@ def test_build_writes_stem_py_and_prints_the_pattern(project, capsys):
 @pytest.mark.parametrize("out, command", [
     (None, "kgen build specs/vector_add.k"), ("./generated/", "kgen build specs/vector_add.k"),
     ("./-out dir", "kgen build specs/vector_add.k -o './-out dir'"),
+    ("{root}/x/../o/", "kgen build specs/vector_add.k -o o"),
 ])
 def test_the_header_names_the_command_that_rebuilds_the_module(project, capsys, out, command):
     """The header's rebuild command writes the module where it is: -o names a folder other than
-    generated/, quoted for a shell; running it rebuilds the same bytes."""
+    generated/, relative to the working one however it was spelled, quoted for a shell; running
+    it rebuilds the same bytes."""
+    out = out and out.format(root=project)
     assert main(["build", "specs/vector_add.k", *(["-o", out] if out else [])]) == 0
     module = project / (out or "generated") / "vector_add.py"
     assert module.read_text().splitlines()[2] == f"# Do not edit: change the spec and run `{command}`."
@@ -1160,6 +1163,17 @@ def test_an_unreadable_spec_is_a_kgen_error(project, capsys):
     err = capsys.readouterr().err
     assert (status, "error: specs/vector_add.k: cannot read the spec (Permission denied)" in err) == \
         ((0, False) if readable else (1, True))
+
+
+def test_errors_never_reach_stdout_when_stderr_is_closed(project):
+    """With fd 2 closed Python has no sys.stderr, and print(file=None) writes to stdout: an
+    error goes nowhere instead, and the exit status still says it."""
+    (project / "specs" / "bad.k").write_text(BAD)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "kgen", "show", "specs/bad.k", "--emit", "ir"], cwd=project,
+                            stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(2), timeout=120,
+                            env={**os.environ, "PYTHONPATH": path})
+    assert result.returncode == 1 and result.stdout == ""
 
 
 def test_python_dash_m_kgen_without_a_command_prints_its_usage(project):

@@ -262,6 +262,30 @@ def test_build_takes_paths_and_says_which_argument_is_not_one(tmp_path, monkeypa
     assert not any(tmp_path.iterdir())
 
 
+class BytesPath:
+    """An os.PathLike whose path is bytes (os.DirEntry of a bytes scan is one)."""
+    def __fspath__(self):
+        return b"specs/vector_add.k"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kgen.compile("spec\0s.k"), "path: a path cannot hold a NUL character"),
+    (lambda: kgen.compile(Path("a\0.k")), "path: a path cannot hold a NUL character"),
+    (lambda: kgen.build("a\0.k", "out"), "path: a path cannot hold a NUL character"),
+    (lambda: kgen.build(ROOT / "specs" / "vector_add.k", "o\0x"), "out_dir: a path cannot hold a NUL character"),
+    (lambda: kgen.compile(BytesPath()), "path: expected a str or os.PathLike path of str, got a path of bytes"),
+    (lambda: kgen.build(BytesPath()), "path: expected a str or os.PathLike path of str, got a path of bytes"),
+    (lambda: kgen.build(ROOT / "specs" / "vector_add.k", BytesPath()), "out_dir: expected a str or os.PathLike"),
+])
+def test_paths_no_file_system_takes_are_call_errors(tmp_path, monkeypatch, call, message):
+    """A NUL in a path, or a PathLike of bytes, would reach Python's os calls (ValueError,
+    TypeError): a CallError naming the argument instead, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CallError, match=re.escape(message)):
+        call()
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_spec_file_saved_with_a_byte_order_mark_and_crlf_compiles(tmp_path):
     """Windows editors save UTF-8 with a byte-order mark and CRLF line ends: the mark is no
     character of the spec (it was an 'unexpected character' at 1:1), as it is none of Python's."""
