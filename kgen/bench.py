@@ -119,8 +119,11 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
     --shape: the kernel's own dimensions, 64 where not given; names that another kernel of
     the file has (``known``) are left to it."""
     syms = symbols(kir)
+    if has_lists(kir) and GROUPS in syms:
+        raise KgenError(f"{kir.name} has a dimension named {GROUPS}, the name --shape gives the number of problems "
+                        f"of a kernel with lists: rename the dimension to run or time it here")
     if not sweep:
-        own = syms + ([GROUPS] if has_lists(kir) and GROUPS not in syms else [])
+        own = syms + ([GROUPS] if has_lists(kir) else [])
         unknown = [k for k in point if k not in own and k not in known]
         if unknown:
             what = "is not a dimension" if len(unknown) == 1 else "are not dimensions"
@@ -128,7 +131,7 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
                 f"of any of the file's kernels (theirs: {', '.join(sorted(set(known) | set(own)))})"
             raise KgenError(f"--shape: {', '.join(unknown)} {what} {whose}" + _groups_hint(unknown))
         given = {k: v for k, v in point.items() if k in own}
-        if GROUPS in given and GROUPS not in syms and not 1 <= given[GROUPS] <= MAX_GROUPS:
+        if GROUPS in given and not 1 <= given[GROUPS] <= MAX_GROUPS:
             raise KgenError(f"--shape: {GROUPS}= is the number of problems of {kir.name}'s lists, "
                             f"expected 1 to {MAX_GROUPS}, got {given[GROUPS]}")
         return {**{s: 64 for s in syms if s not in given}, **given}

@@ -496,6 +496,17 @@ def test_run_refuses_a_bad_shape(project, capsys, shape, message):
     assert message in capsys.readouterr().err
 
 
+def test_run_refuses_a_list_kernel_with_a_dimension_named_groups(project, capsys):
+    """--shape groups= is a list kernel's number of problems: a dimension of that name would be
+    read as both (64 problems where none was asked for, 5000 with no bound checked)."""
+    (project / "specs" / "gg.k").write_text(
+        "kernel g(A: [f16[groups, K]], B: [f16[K, N]]) -> C: [f16[groups, N]] {\n    C = A @ B\n}\n")
+    for shape in (["--shape", "N=2,K=2"], ["--shape", "groups=5000,N=1,K=1"], []):
+        assert main(["run", "specs/gg.k", *shape]) == 1
+        assert "error: g has a dimension named groups, the name --shape gives the number of problems" \
+            in capsys.readouterr().err
+
+
 def test_run_takes_dimensions_named_like_the_sweep_keys(project, capsys):
     """--shape names are the spec's dimensions, even ones called rows, cols or square."""
     (project / "specs" / "cube.k").write_text("kernel f(x: f32[batch, rows, cols]) -> y: f32[batch, rows, cols] {\n"
