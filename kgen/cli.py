@@ -315,7 +315,7 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
     """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, names
     longer than the file system takes, and (unless only checking) what ``kgen.build`` refuses too
     (``write_problems``)."""
-    from .targets import name_problems, write_problems
+    from .targets import folder_problem, name_problems, write_problems
 
     problems: list[str] = []
     sources: dict[Path, Path] = {}
@@ -328,8 +328,9 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
     if not check:
         return problems + write_problems(out, list(sources), force, "use --force", specs)
     # a module that --check would call missing could never be built, nor into a file
-    if out.exists() and not out.is_dir():
-        return problems + [f"{display_path(out)} is a file, not a folder to write into"]
+    folder = folder_problem(out)
+    if folder:
+        return problems + [folder]
     return problems + list(name_problems(out, list(sources)).values())
 
 

@@ -60,6 +60,18 @@ def name_problems(out: Path, targets: list[Path]) -> dict[Path, str]:
     return {p: f"{abridged(display_path(p))}: cannot be created: {why}" for p, why in too_long if why}
 
 
+def folder_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be the folder a build writes into, or None: it, or the nearest path
+    above it that is there, is not a folder (a file, ``-o file/sub`` too), or it is a link to
+    nothing (which the build could neither follow nor make)."""
+    if os.path.islink(out) and not os.path.exists(out):
+        return f"{display_path(out)} is a symbolic link ({os.readlink(out)}) that leads to no folder to write into"
+    above = next((p for p in (out, *out.parents) if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        return f"{display_path(above)} is a file, not a folder to write into"
+    return None
+
+
 def write_problems(out: Path, targets: list[Path], force: bool, force_hint: str, specs: list[Path]) -> list[str]:
     """Why modules cannot be written as ``targets`` in ``out``, one line each, or []: ``out`` is a
     file; a name is longer than the file system takes; a target is a folder, a FIFO or a device, one
@@ -68,8 +80,9 @@ def write_problems(out: Path, targets: list[Path], force: bool, force_hint: str,
     too_long = name_problems(out, targets)
     if out in too_long:
         return [too_long[out]]
-    if out.exists() and not out.is_dir():
-        return [f"{display_path(out)} is a file, not a folder to write into"]
+    folder = folder_problem(out)
+    if folder:
+        return [folder]
     problems = []
     for target in targets:
         kind = existing_kind(target)

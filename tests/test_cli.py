@@ -541,8 +541,8 @@ def test_statements_without_a_header_ask_for_one_to_build_or_show(project, capsy
 
 
 def test_build_refuses_targets_it_cannot_write_before_writing_any(project, capsys):
-    """Two specs of one stem, an output folder that is a file, a target that is a folder:
-    an error each, and nothing written."""
+    """Two specs of one stem, an output folder that is a file (or under one, or a link to
+    nothing), a target that is a folder: an error each, and nothing written."""
     (project / "a").mkdir()
     (project / "b").mkdir()
     for folder in ("a", "b"):
@@ -553,6 +553,12 @@ def test_build_refuses_targets_it_cannot_write_before_writing_any(project, capsy
     (project / "outfile").write_text("")
     assert main(["build", "specs", "-o", "outfile", "--force"]) != 0
     assert "outfile is a file, not a folder" in capsys.readouterr().err
+    os.symlink("nowhere", project / "dangling")
+    for out, why in (("outfile/sub", "outfile is a file, not a folder"),
+                     ("dangling", "dangling is a symbolic link (nowhere) that leads to no folder")):
+        for check in ([], ["--check"]):   # --check, too, says the build could not write there
+            assert main(["build", "specs", "-o", out, *check]) == 1
+            assert f"error: {why}" in capsys.readouterr().err
     (project / "gen" / "silu_mul.py").mkdir(parents=True)
     assert main(["build", "specs", "-o", "gen", "--force"]) != 0
     assert "gen/silu_mul.py is a folder" in capsys.readouterr().err

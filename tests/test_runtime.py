@@ -673,21 +673,26 @@ def test_build_does_not_overwrite_a_file_kgen_did_not_write_unless_forced(tmp_pa
 
 @pytest.mark.parametrize("out, message", [
     ("file", "file is a file, not a folder to write into"),
-    ("file/sub", "cannot write file/sub/vector_add.py: "),        # a file on the way: the write fails
+    ("file/sub/deeper", "file is a file, not a folder to write into"),    # a file on the way
+    ("dangling", "dangling is a symbolic link (nowhere) that leads to no folder to write into"),
+    ("loop", "loop is a symbolic link (loop) that leads to no folder to write into"),
     ("gen", "gen/vector_add.py is a folder"),
     ("new/vector_add.py", "new/vector_add.py: out_dir takes a folder"),
 ])
 def test_build_refuses_targets_it_cannot_write(tmp_path, monkeypatch, out, message):
     """What `kgen build` refuses, kgen.build refuses as a KgenError (force=True or not),
-    writing nothing: an out_dir that is a file or names a module, a target that is a folder."""
+    writing nothing: an out_dir that is a file, under one, a link to nothing, or names a
+    module; a target that is a folder."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("")
+    os.symlink("nowhere", tmp_path / "dangling")
+    os.symlink("loop", tmp_path / "loop")
     (tmp_path / "gen" / "vector_add.py").mkdir(parents=True)
-    before = sorted(tmp_path.rglob("*"))
+    before = sorted(os.listdir(tmp_path))
     for force in (False, True):
         with pytest.raises(KgenError, match=re.escape(message)):
             kgen.build(ROOT / "specs" / "vector_add.k", out, force=force)
-    assert sorted(tmp_path.rglob("*")) == before
+    assert sorted(os.listdir(tmp_path)) == before and sorted(os.listdir(tmp_path / "gen")) == ["vector_add.py"]
 
 
 def test_headerless_kernels_take_a_config_by_hand():
