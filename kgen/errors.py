@@ -23,7 +23,7 @@ class Span:
     text: str = field(default="", compare=False, repr=False)
 
     def __str__(self) -> str:
-        return f"{_printable(self.path)}:{self.line}:{self.col}"
+        return f"{printable(self.path)}:{self.line}:{self.col}"
 
     def caret(self) -> str:
         """The source line and a caret under this span (first line only)."""
@@ -39,7 +39,7 @@ class Span:
         return f"    {prefix}{shown}\n    {' ' * (len(prefix) + self.col - 1 - start)}{'^' * width}"
 
 
-def _printable(path: str) -> str:
+def printable(path: str) -> str:
     """A path on one line: control characters (a newline in a file name) as Python escapes them."""
     return "".join(repr(c)[1:-1] if c < " " or c in "\x7f\x85\u2028\u2029" else c for c in path)
 
