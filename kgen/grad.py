@@ -27,7 +27,8 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     a tensor).  A call under a torch.func transform, or on a forward-mode dual tensor, is a
     CallError: kgen kernels compute no derivative and read no batched tensor."""
     found: list[torch.Tensor] = []
-    if not _compiling():
+    # (inside forward_ad.dual_level(), its _current_level is 0 or more)
+    if not _compiling() and (_transforms() is not None or forward_ad._current_level >= 0):
         _untransformed(label, args, kwargs)
     if not _grad_enabled():
         return found
@@ -41,11 +42,12 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 def _untransformed(label: str, args: tuple, kwargs: dict) -> None:
+    """A CallError for a call under a torch.func transform, or one with a forward-mode dual."""
     if _transforms() is not None:
         raise CallError(f"{label}: kgen kernels do not run under torch.func transforms (grad, vmap, jvp, ...): "
                         f"they compute no derivative and take no batched tensors; call the kernel outside the "
                         f"transform")
-    if getattr(forward_ad, "_current_level", -1) >= 0:   # inside forward_ad.dual_level()
+    if forward_ad._current_level >= 0:
         for value in (*args, *kwargs.values()):
             for t in _leaves(value) if isinstance(value, (_Tensor, list, tuple)) else ():
                 if forward_ad.unpack_dual(t).tangent is not None:
