@@ -454,9 +454,13 @@ _EMPTY_LIST = ("empty list",)
 
 
 def _one_at_a_time(fn):
-    """``fn`` holding ``pipeline.python_lock`` (Triton's interpreter: one launch at a time)."""
+    """``fn`` holding ``pipeline.python_lock`` (Triton's interpreter: one launch at a time), with
+    numpy's floating-point warnings off: the interpreter computes masked lanes too (the log of a
+    padding 0), whose warnings say nothing of the call's values, as a GPU would not."""
+    import numpy   # the interpreter's own arrays
+
     def serialized(*args, **kwargs):
-        with pipeline.python_lock:
+        with pipeline.python_lock, numpy.errstate(all="ignore"):
             return fn(*args, **kwargs)
     return serialized
 
