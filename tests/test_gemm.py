@@ -666,6 +666,10 @@ def test_tensors_on_different_devices():
 @pytest.mark.parametrize("text, args, message, where", [
     ("C = (A @ B) @ D", ((3, 4), (4, 5), (5, 6)), "split the spec into two kernels", "(A @ B) @ D"),
     ("C = where(A @ B > 0, A @ B, 0.0)", ((3, 4), (4, 5)), "name it once (P = A @ B)", "A @ B, 0.0)"),
+    # the second matmul in the spec's order, whichever operand of its statement it is
+    ("P = A @ B\nC = where(A @ B > 0, P, 0.0)", ((3, 4), (4, 5)), "name it once", "A @ B > 0"),
+    ("P = A @ B\nC = (A @ B) + P", ((3, 4), (4, 5)), "name it once", "A @ B) + P"),
+    ("P = A @ B\nQ = A @ D\nC = Q + P", ((3, 4), (4, 5), (4, 5)), "split the spec into two kernels", "A @ D"),
     ("C = sum(A @ B, axis=-1)", ((3, 4), (4, 5)), "after a matmul", "sum"),
     ("C = (X + Y) @ B", ((3, 4), (3, 4), (4, 5)), "pointwise function of one input", "X + Y"),
     ("C = (X + v) @ B", ((3, 4), (4,), (4, 5)), "pointwise function of one input", "X + v"),

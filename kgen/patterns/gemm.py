@@ -361,8 +361,8 @@ def lower(kir: KernelIR) -> Lowered | None:
     matmuls = [n for n in nodes if n.op is Op.MATMUL]
     if not matmuls:
         return None
-    if len(matmuls) > 1:
-        first, second = matmuls[:2]
+    if len(matmuls) > 1:   # the second to end in the spec's text (the graph's order follows operands)
+        first, second = sorted(matmuls, key=lambda n: (n.span.end_line, n.span.end_col) if n.span else (0, 0))[:2]
         same = all(x is y for x, y in zip(first.inputs, second.inputs))
         hint = ("name it once (P = A @ B) and use P twice" if same else "split the spec into two kernels")
         raise UnsupportedError(f"a GEMM kernel computes one matmul; this is a second one ({hint})", second.span)
