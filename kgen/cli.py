@@ -229,7 +229,7 @@ def cmd_build(args) -> int:
     for f in files:  # generate every file before writing any: a failure writes nothing
         try:
             text, shown = read_spec(f)   # (one that cannot be read or decoded is a spec that failed)
-            results.append((f, generate(text, shown, out=display_path(args.out))))
+            results.append((f, generate(text, shown, out=str(args.out))))
         except KgenError as e:
             print(f"error: {e}", file=sys.stderr)
             failed += 1

@@ -674,7 +674,7 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     out = Path("generated") if out_dir is None else path_argument(out_dir, "out_dir")
     check_out_name(out, "out_dir")
     text, shown = read_spec(path)
-    generated = generate(text, shown, out=display_path(out))
+    generated = generate(text, shown, out=str(out))
     target = out / (Path(path).stem + ".py")
     problems = write_problems(out, [target], force, "pass force=True", [Path(path)])
     if problems:
