@@ -27,8 +27,7 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     a tensor).  A call under a torch.func transform, or on a forward-mode dual tensor, is a
     CallError: kgen kernels compute no derivative and read no batched tensor."""
     found: list[torch.Tensor] = []
-    # (inside forward_ad.dual_level(), its _current_level is 0 or more)
-    if not _compiling() and (_transforms() is not None or forward_ad._current_level >= 0):
+    if not _compiling() and (_transforms() is not None or _dual_level() >= 0):
         _untransformed(label, args, kwargs)
     if not _grad_enabled():
         return found
@@ -41,13 +40,18 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
+def _dual_level() -> int:
+    """0 or more inside forward_ad.dual_level() (a private attribute: -1 where torch has none)."""
+    return getattr(forward_ad, "_current_level", -1)
+
+
 def _untransformed(label: str, args: tuple, kwargs: dict) -> None:
     """A CallError for a call under a torch.func transform, or one with a forward-mode dual."""
     if _transforms() is not None:
         raise CallError(f"{label}: kgen kernels do not run under torch.func transforms (grad, vmap, jvp, ...): "
                         f"they compute no derivative and take no batched tensors; call the kernel outside the "
                         f"transform")
-    if forward_ad._current_level >= 0:
+    if _dual_level() >= 0:
         for value in (*args, *kwargs.values()):
             for t in _leaves(value) if isinstance(value, (_Tensor, list, tuple)) else ():
                 if forward_ad.unpack_dual(t).tangent is not None:
