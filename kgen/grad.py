@@ -27,7 +27,8 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     a tensor).  A call under a torch.func transform, or on a forward-mode dual tensor, is a
     CallError: kgen kernels compute no derivative and read no batched tensor."""
     found: list[torch.Tensor] = []
-    if not _compiling() and (_transforms() is not None or _dual_level() >= 0):
+    # (forward_ad's level is 0 or more inside dual_level(); a private attribute, so -1 without it)
+    if not _compiling() and (_transforms() is not None or getattr(forward_ad, "_current_level", -1) >= 0):
         _untransformed(label, args, kwargs)
     if not _grad_enabled():
         return found
@@ -40,24 +41,19 @@ def needing_grad(label: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
-def _dual_level() -> int:
-    """0 or more inside forward_ad.dual_level() (a private attribute: -1 where torch has none)."""
-    return getattr(forward_ad, "_current_level", -1)
-
-
 def _untransformed(label: str, args: tuple, kwargs: dict) -> None:
-    """A CallError for a call under a torch.func transform, or one with a forward-mode dual."""
+    """A CallError for a call under a torch.func transform, or (inside forward_ad.dual_level(),
+    where needing_grad calls this otherwise) one with a forward-mode dual."""
     if _transforms() is not None:
         raise CallError(f"{label}: kgen kernels do not run under torch.func transforms (grad, vmap, jvp, ...): "
                         f"they compute no derivative and take no batched tensors; call the kernel outside the "
                         f"transform")
-    if _dual_level() >= 0:
-        for value in (*args, *kwargs.values()):
-            for t in _leaves(value) if isinstance(value, (_Tensor, list, tuple)) else ():
-                if forward_ad.unpack_dual(t).tangent is not None:
-                    raise CallError(f"{label}: an input carries a forward-mode tangent (torch.autograd.forward_ad), "
-                                    f"and kgen kernels compute no derivative; pass its primal, "
-                                    f"forward_ad.unpack_dual(x).primal")
+    for value in (*args, *kwargs.values()):
+        for t in _leaves(value) if isinstance(value, (_Tensor, list, tuple)) else ():
+            if forward_ad.unpack_dual(t).tangent is not None:
+                raise CallError(f"{label}: an input carries a forward-mode tangent (torch.autograd.forward_ad), "
+                                f"and kgen kernels compute no derivative; pass its primal, "
+                                f"forward_ad.unpack_dual(x).primal")
 
 
 @torch.compiler.disable   # torch.compile runs these calls as they are: it would trace the backward that raises
