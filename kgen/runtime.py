@@ -579,11 +579,14 @@ SPEC_LIMIT = 1 << 24     # characters of a spec file: more is no spec, and could
 
 
 def path_argument(value, name: str) -> Path:
-    """A path argument as a Path, else a CallError: a PathLike of bytes, or a NUL in the name
-    (which no file system takes: Python's os calls raise ValueError on it)."""
+    """A path argument as a Path, else a CallError: a PathLike of bytes, an empty path (Path("")
+    is the working folder), or a NUL in the name (which no file system takes: Python's os calls
+    raise ValueError on it)."""
     path = os.fspath(value)
     if not isinstance(path, str):
         raise CallError(f"{name}: expected a str or os.PathLike path of str, got a path of {type(path).__name__}")
+    if not path:
+        raise CallError(f"{name}: expected a path, got an empty string")
     if "\0" in path:
         raise CallError(f"{name}: a path cannot hold a NUL character, got {path!r}")
     return Path(path)
@@ -668,8 +671,6 @@ def build(path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, 
     for name, value in (("path", path), ("out_dir", out_dir)):
         if not isinstance(value, (str, os.PathLike)) and not (name == "out_dir" and value is None):
             raise CallError(f"{name}: expected a str or os.PathLike path, got {type(value).__name__}")
-        if value is not None and path_argument(value, name) and not os.fspath(value):   # Path("") is "."
-            raise CallError(f"{name}: expected a path, got an empty string")
     path = path_argument(path, "path")
     out = Path("generated") if out_dir is None else path_argument(out_dir, "out_dir")
     check_out_name(out, "out_dir")
