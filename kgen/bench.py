@@ -82,6 +82,8 @@ def parse_shape(text: str) -> dict[str, int]:
         if name in sizes:
             raise KgenError(f"--shape: {name} is given twice")
         sizes[name] = size
+    if not sizes:
+        raise KgenError(f"--shape: expected NAME=SIZE such as M=64 or N=2**20, got {text!r}")
     return sizes
 
 
@@ -264,7 +266,7 @@ def run_once(args) -> int:
     if len(args.shape) > 1:   # bench takes several points; one run checks one
         raise KgenError(f"--shape: kgen run takes one point (--shape M=64,N=128), got {len(args.shape)}: "
                         f"{' '.join(args.shape)} (kgen bench times several)")
-    point = parse_shape(args.shape[0] if args.shape else "")
+    point = parse_shape(args.shape[0]) if args.shape else {}
     kernels = _single_kernel(args.path, dtype)     # a bad path is said before the interpreter's notice
     interpreted = use_interpreter_if_no_gpu()
     device = "cpu" if interpreted else "cuda"

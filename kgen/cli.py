@@ -321,7 +321,8 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
     """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, names
     longer than the file system takes, and (unless only checking) what ``kgen.build`` refuses too
     (``write_problems``)."""
-    from .targets import folder_problem, name_problems, write_problems
+    from .files import folder_problem
+    from .targets import name_problems, write_problems
 
     problems: list[str] = []
     sources: dict[Path, Path] = {}

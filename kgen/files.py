@@ -109,6 +109,18 @@ def existing_kind(path: str | os.PathLike) -> str | None:
         return None
 
 
+def folder_problem(out: Path) -> str | None:
+    """Why ``out`` cannot be the folder a build writes into, or None: it, or the nearest path
+    above it that is there, is not a folder (a file, ``-o file/sub`` too), or it is a link to
+    nothing (which the build could neither follow nor make)."""
+    if os.path.islink(out) and not os.path.exists(out):
+        return f"{display_path(out)} is a symbolic link ({os.readlink(out)}) that leads to no folder to write into"
+    above = next((p for p in (out, *out.parents) if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        return f"{display_path(above)} is a file, not a folder to write into"
+    return None
+
+
 def name_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be created on its file system, or None: a component of more bytes than
     a name may have there, or the whole path past the longest it takes."""

@@ -27,7 +27,7 @@ from . import dtypes as D
 from . import syntax as S
 from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
 from .errors import CallError, KgenError, Span, SpecError, did_you_mean
-from .files import abridged, display_path, held_signals, read_regular
+from .files import abridged, display_path, folder_problem, held_signals, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
 from . import pipeline
@@ -116,8 +116,9 @@ def load(source: str):
             raise KgenError(f"the module cache entry {path} is a folder: remove it, or set KGEN_CACHE_DIR to "
                             f"another folder") from None
         except OSError as e:
+            why = folder_problem(directory) or e
             raise KgenError(f"cannot write the module cache in {directory} (set KGEN_CACHE_DIR to a writable "
-                            f"folder): {e}") from None
+                            f"folder): {why}") from None
         name = f"kgen_generated_{digest[:24]}"
         # Triton reads a kernel's source back through inspect (at @triton.jit, and the interpreter
         # at its first call): from linecache, seeded with the checked text for good (mtime None:

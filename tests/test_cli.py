@@ -489,7 +489,7 @@ def test_run_says_when_the_reference_cannot_be_evaluated(project, capsys, monkey
     ("N=-3", "expected NAME=SIZE"), ("N=abc", "expected NAME=SIZE"), ("N=2**100000000", "SIZE < 2**40"),
     ("N=2**-1", "expected NAME=SIZE"), ("Q=3", "Q is not a dimension of vector_add (its dimensions: N)"),
     ("N=3,N=5", "N is given twice"), ("N=1_0", "expected NAME=SIZE"), ("N=\u0663", "expected NAME=SIZE"),
-    ("=3", "expected NAME=SIZE"),
+    ("=3", "expected NAME=SIZE"), (",", "got ','"), ("", "got ''"),
 ])
 def test_run_refuses_a_bad_shape(project, capsys, shape, message):
     assert main(["run", "specs/vector_add.k", "--shape", shape]) != 0

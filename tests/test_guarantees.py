@@ -520,13 +520,19 @@ def test_a_home_folder_that_cannot_be_found_is_a_kgen_error(monkeypatch):
         kgen.compile("kernel home_probe(x: f32[N]) -> y: f32[N] { y = x + 6 }")
 
 
-def test_an_unusable_cache_folder_is_a_kgen_error(tmp_path, monkeypatch):
+@pytest.mark.parametrize("folder, why", [
+    ("not_a_folder", "not_a_folder is a file, not a folder to write into"),
+    ("not_a_folder/cache", "not_a_folder is a file, not a folder to write into"),
+    ("dangling", "dangling is a symbolic link (gone) that leads to no folder to write into"),
+])
+def test_an_unusable_cache_folder_is_a_kgen_error_saying_why(tmp_path, monkeypatch, folder, why):
     from kgen import runtime
-    blocker = tmp_path / "not_a_folder"
-    blocker.write_text("")
-    monkeypatch.setenv("KGEN_CACHE_DIR", str(blocker))
+    (tmp_path / "not_a_folder").write_text("")
+    (tmp_path / "dangling").symlink_to("gone")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / folder))
     monkeypatch.setattr(runtime, "_modules", {})
-    with pytest.raises(kgen.KgenError, match="cannot write the module cache"):
+    with pytest.raises(kgen.KgenError, match=f"cannot write the module cache in .*: {re.escape(why)}$"):
         kgen.compile("kernel cache_probe(x: f32[N]) -> y: f32[N] { y = x + 5 }")
 
 
