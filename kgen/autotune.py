@@ -38,7 +38,6 @@ import json
 import math
 import os
 import re
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -48,7 +47,7 @@ from typing import Callable
 
 import torch
 
-from .errors import CallError, KgenError
+from .errors import CallError, KgenError, notice
 from .files import read_regular
 
 try:
@@ -184,7 +183,7 @@ class DiskCache:
                 data = {"format": FORMAT, **self.meta, "entries": dict(sorted(entries.items()))}
                 write_atomic(self.path, json.dumps(data, indent=1) + "\n")
         except OSError as e:   # a read-only cache costs a re-tune, never a failure
-            print(f"kgen: cannot write the autotune cache {self.path}: {e}", file=sys.stderr)
+            notice(f"kgen: cannot write the autotune cache {self.path}: {e}")
 
 
 def do_bench(fn, graphs: bool = False) -> float:
@@ -356,10 +355,10 @@ class Tuner:
             elapsed = time.perf_counter() - start
             if elapsed > _PROGRESS_AFTER_S:
                 if not shown:
-                    print(f"kgen: autotuning {self.name} for {key}", file=sys.stderr)
+                    notice(f"kgen: autotuning {self.name} for {key}")
                     shown = True
-                print(f"kgen:   {i + 1}/{len(candidates)} {_brief(config)}: "
-                      f"{'failed' if ms == math.inf else f'{ms:.4f} ms'} ({elapsed:.1f} s)", file=sys.stderr)
+                notice(f"kgen:   {i + 1}/{len(candidates)} {_brief(config)}: "
+                       f"{'failed' if ms == math.inf else f'{ms:.4f} ms'} ({elapsed:.1f} s)")
         if best is None:   # e.g. every candidate past the GPU's shared memory
             first = failures[0]
             why = (str(first).strip().splitlines() or [""])[0][:200]
@@ -367,8 +366,8 @@ class Tuner:
                             f"({type(first).__name__}: {why})") from first
         self.tuned += 1
         if shown:
-            print(f"kgen: {self.name}: chose {_brief(best)} ({best_ms:.4f} ms) of {len(candidates)} configs in "
-                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+            notice(f"kgen: {self.name}: chose {_brief(best)} ({best_ms:.4f} ms) of {len(candidates)} configs in "
+                   f"{time.perf_counter() - start:.1f} s")
         return best, best_ms
 
 

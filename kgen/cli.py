@@ -196,7 +196,7 @@ def _specs_under(folder: Path) -> list[Path]:
     found = []
     for root, _, names in os.walk(folder, onerror=refuse):
         found += [Path(root) / name for name in names if name.endswith(".k")]
-    return sorted(f for f in found if f.is_file())
+    return sorted(f for f in found if os.path.isfile(f))
 
 
 def _named_kind(path: Path) -> str:
@@ -221,7 +221,7 @@ def cmd_build(args) -> int:
 
     check_out_name(args.out, "-o")
     files = spec_files(args.paths)
-    if not files and args.check and _orphans(args.out, [p for p in args.paths if p.is_dir()], set()):
+    if not files and args.check and _orphans(args.out, [p for p in args.paths if os.path.isdir(p)], set()):
         return _check(args, [])   # a folder's last spec deleted: its module is still an orphan
     if not files:
         raise KgenError(f"no .k files under {', '.join(map(str, args.paths))}")
@@ -278,7 +278,7 @@ def _check(args, results: list) -> int:
             print(f"{_shown(target)}: {why}")
             stale += 1
     targets = {args.out / (f.stem + ".py") for f, _ in results}
-    orphans = _orphans(args.out, [p for p in args.paths if p.is_dir()], targets)
+    orphans = _orphans(args.out, [p for p in args.paths if os.path.isdir(p)], targets)
     for module, spec in orphans:
         print(f"{_shown(module)}: orphaned ({spec} is gone: delete the module or restore the spec)")
     if stale:
@@ -318,11 +318,11 @@ def _shell_path(path: Path) -> str:
 
 
 def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> list[str]:
-    """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, names
-    longer than the file system takes, and (unless only checking) what ``kgen.build`` refuses too
-    (``write_problems``)."""
-    from .files import folder_problem
-    from .targets import name_problems, write_problems
+    """Why the modules of ``specs`` cannot be written into ``out``: two specs of one stem, and
+    what ``kgen.build`` refuses too (``write_problems``).  ``--check`` calls a file kgen did not
+    generate stale (the build replaces it with ``--force``); what no build replaces (a folder, a
+    FIFO, a spec being built) is an error there too."""
+    from .targets import write_problems
 
     problems: list[str] = []
     sources: dict[Path, Path] = {}
@@ -332,13 +332,7 @@ def _target_problems(specs: list[Path], out: Path, force: bool, check: bool) -> 
             problems.append(f"{display_path(sources[target])} and {display_path(f)} would both write "
                             f"{display_path(target)}; build them into separate folders (-o)")
         sources[target] = f
-    if not check:
-        return problems + write_problems(out, list(sources), force, "use --force", specs)
-    # a module that --check would call missing could never be built, nor into a file
-    folder = folder_problem(out)
-    if folder:
-        return problems + [folder]
-    return problems + list(name_problems(out, list(sources)).values())
+    return problems + write_problems(out, list(sources), force or check, "use --force", specs)
 
 
 def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[Path, str]]:
@@ -351,7 +345,7 @@ def _orphans(out: Path, folders: list[Path], targets: set[Path]) -> list[tuple[P
     from .targets import generated_from
     roots = tuple(os.path.join(os.path.abspath(f), "") for f in folders)
     found = []
-    for module in sorted(out.glob("*.py")) if roots and out.is_dir() else []:
+    for module in sorted(out.glob("*.py")) if roots and os.path.isdir(out) else []:
         try:
             shown = generated_from(module)
         except (OSError, KgenError):   # unreadable, or not a regular file (a FIFO is never read)

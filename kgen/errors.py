@@ -1,4 +1,4 @@
-"""Source spans and the errors kgen raises.
+"""Source spans, the errors kgen raises and the notices it prints.
 
 Every error a user can provoke is a ``KgenError``.  Errors about a spec carry a
 ``Span`` and render as ``path:line:col: message`` followed by the source line and a
@@ -8,6 +8,7 @@ expected and what was given.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field
 
 
@@ -76,3 +77,12 @@ def did_you_mean(name: str, candidates) -> str:
     """`` (did you mean 'exp'?)`` when a close candidate exists, else ``''``."""
     close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def notice(text: str) -> None:
+    """``text`` on stderr, as news: where stderr cannot take it (a full disk, a closed pipe)
+    the work it tells of goes on."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # ValueError: a closed file
+        pass

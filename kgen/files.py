@@ -116,7 +116,7 @@ def folder_problem(out: Path) -> str | None:
     if os.path.islink(out) and not os.path.exists(out):
         return f"{display_path(out)} is a symbolic link ({os.readlink(out)}) that leads to no folder to write into"
     above = next((p for p in (out, *out.parents) if os.path.lexists(p)), None)
-    if above is not None and not above.is_dir():
+    if above is not None and not os.path.isdir(above):
         return f"{display_path(above)} is a file, not a folder to write into"
     return None
 

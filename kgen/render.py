@@ -60,8 +60,17 @@ def comment_text(text: str) -> str:
 
 
 def shell_word(path: str) -> str:
-    """A path as a shell command line takes it back: quoted, and never read as an option."""
-    return shlex.quote(f"./{path}" if path.startswith("-") else path)
+    """A path as a shell command line takes it back, on one line of printable ASCII (a comment's,
+    a terminal's): quoted, never read as an option; a name with other characters (``café``, a
+    newline, a non-UTF-8 byte) as bash's ``$'...'`` of its bytes (``$'caf\\xc3\\xa9.k'``)."""
+    word = f"./{path}" if path.startswith("-") else path
+    if all(" " <= c <= "~" for c in word):
+        return shlex.quote(word)
+    return "$'" + "".join(_ANSI_C[b] for b in os.fsencode(word)) + "'"
+
+
+# a byte inside $'...': printable ASCII as itself but for the two escaped there, any other as \xHH
+_ANSI_C = [f"\\{chr(b)}" if chr(b) in "\\'" else chr(b) if 0x20 <= b <= 0x7e else f"\\x{b:02x}" for b in range(256)]
 
 
 def _relative(folder: str) -> str:
@@ -90,7 +99,7 @@ def render(plans, path: str, text: str, out: str | None = None) -> str:
     if folder not in (None, "generated"):
         command += f" -o {shell_word(folder)}"
     source = environment().get_template("module.jinja").render(
-        version=__version__, path=comment_safe(path), command=comment_safe(command), sha=spec_hash(text),
+        version=__version__, path=comment_safe(path), command=command, sha=spec_hash(text),   # printable ASCII
         plans=plans, helpers=helpers)
     return _wrap(_drop_unread(_tidy(source)))
 

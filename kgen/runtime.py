@@ -26,7 +26,7 @@ import torch
 from . import dtypes as D
 from . import syntax as S
 from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
-from .errors import CallError, KgenError, Span, SpecError, did_you_mean
+from .errors import CallError, KgenError, Span, SpecError, did_you_mean, notice
 from .files import abridged, display_path, folder_problem, held_signals, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
@@ -67,7 +67,7 @@ def use_interpreter_if_no_gpu() -> bool:
     _interpret_triton_library()
     if not _announced:
         _announced = True
-        print("kgen: no CUDA device; kernels run on Triton's interpreter (TRITON_INTERPRET=1)", file=sys.stderr)
+        notice("kgen: no CUDA device; kernels run on Triton's interpreter (TRITON_INTERPRET=1)")
     return True
 
 

@@ -47,8 +47,8 @@ def is_ours(target: Path) -> bool:
 def check_out_name(out: Path, option: str) -> None:
     """Refuse an output folder named like a module (``-o out/softmax.py``) that does not exist
     yet: the build would make a folder of that name and write ``out/softmax.py/softmax.py``."""
-    if out.suffix == ".py" and not out.is_dir():
-        raise KgenError(f"{display_path(out)}: {option} takes a folder, not a module's path "
+    if out.suffix == ".py" and not os.path.isdir(out):   # (Path.is_dir raises on a name too long)
+        raise KgenError(f"{abridged(display_path(out))}: {option} takes a folder, not a module's path "
                         f"(each spec is written as <folder>/<stem>.py; try {option} {display_path(out.parent)})")
 
 

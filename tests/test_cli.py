@@ -281,6 +281,34 @@ def test_show_reports_a_bad_spec(project, capsys):
     assert "error: specs/broken.k:2:9:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["caf\u00e9.k", "a\\b.k", "n\nl.k", "it's.k", os.fsdecode(b"odd\xff.k"), "-x.k"],
+                         ids=["accent", "backslash", "newline", "quote", "not-utf8", "dash"])
+def test_rebuild_commands_are_printable_lines_that_a_shell_runs(project, name):
+    """The header's rebuild command and the one --check ends with are one line of printable
+    ASCII whatever the spec's name (bash's $'...' for bytes past it); run by bash, each rebuilds."""
+    folder = project / "odd"
+    folder.mkdir()
+    shutil.copy(project / "specs" / "vector_add.k", folder / name)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONIOENCODING": "utf-8"}   # a name that is not UTF-8 prints escaped
+    assert kgen_cli("build", f"odd/{name}", "-o", "out", cwd=project, env=env).returncode == 0
+    module = folder.parent / "out" / (name[:-2] + ".py")
+    header = module.read_bytes().decode("ascii").splitlines()[2]
+    command = header.split("run `kgen build ", 1)[1].removesuffix("`.")
+    kgen = f"{shlex.quote(sys.executable)} -m kgen build"
+    rebuild = subprocess.run(["bash", "-c", f"{kgen} {command} --check"], cwd=project, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, **env})
+    assert rebuild.returncode == 0 and "1 generated file(s) up to date" in rebuild.stdout, rebuild.stderr
+    module.unlink()
+    check = kgen_cli("build", f"odd/{name}", "-o", "out", "--check", cwd=project, env=env)
+    last = check.stdout.splitlines()[-1]
+    assert check.returncode == 1 and last.isascii() and last.isprintable(), check.stdout
+    command = last.split("run: kgen build ", 1)[1]
+    rebuild = subprocess.run(["bash", "-c", f"{kgen} {command}"], cwd=project, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, **env})
+    assert rebuild.returncode == 0 and module.exists(), rebuild.stderr
+
+
 def test_generated_source_is_deterministic(project):
     """Built again, a module is the same bytes; built into another folder, it differs only in
     the header's rebuild command."""
@@ -560,8 +588,10 @@ def test_build_refuses_targets_it_cannot_write_before_writing_any(project, capsy
             assert main(["build", "specs", "-o", out, *check]) == 1
             assert f"error: {why}" in capsys.readouterr().err
     (project / "gen" / "silu_mul.py").mkdir(parents=True)
-    assert main(["build", "specs", "-o", "gen", "--force"]) != 0
-    assert "gen/silu_mul.py is a folder" in capsys.readouterr().err
+    for check in (["--force"], ["--check"]):   # --check: an error, not a stale module that a build would replace
+        assert main(["build", "specs", "-o", "gen", *check]) == 1
+        captured = capsys.readouterr()
+        assert "error: gen/silu_mul.py is a folder" in captured.err and "run: kgen build" not in captured.out
     assert sorted(p.name for p in (project / "gen").iterdir()) == ["silu_mul.py"]
 
 
@@ -690,15 +720,12 @@ def test_a_spec_that_is_a_named_pipe_is_refused_without_blocking(project, fifo_r
 @pytest.mark.parametrize("check", [[], ["--force"], ["--check"]])
 def test_a_target_that_is_a_named_pipe_is_refused_without_blocking(project, fifo_released_after, check):
     """A FIFO where a module goes is never read (to see whether kgen wrote it) nor replaced, even
-    with --force: it may be someone's; --check calls it stale."""
+    with --force: it may be someone's; --check says so too."""
     (project / "out").mkdir()
     fifo = fifo_released_after(project / "out" / "vector_add.py")
     result = kgen_cli("build", "specs", "-o", "out", *check, cwd=project)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    if "--check" in check:
-        assert "out/vector_add.py: stale (a named pipe (FIFO), not a module)" in result.stdout
-    else:
-        assert "error: out/vector_add.py is a named pipe (FIFO), not a module kgen can replace" in result.stderr
+    assert "error: out/vector_add.py is a named pipe (FIFO), not a module kgen can replace" in result.stderr
     assert sorted(p.name for p in (project / "out").iterdir()) == ["vector_add.py"] and fifo.is_fifo()
 
 
@@ -788,9 +815,11 @@ def test_a_spec_is_never_overwritten_by_its_own_module(project, capsys):
     spec.parent.mkdir()
     text = (project / "specs" / "vector_add.k").read_text()
     spec.write_text(text)
-    for force in ([], ["--force"]):
+    for force in ([], ["--force"], ["--check"]):
         assert main(["build", "sp/va.py", "-o", "sp", *force]) == 1
-        assert "error: sp/va.py is a spec being built; build it into another folder" in capsys.readouterr().err
+        captured = capsys.readouterr()
+        assert "error: sp/va.py is a spec being built; build it into another folder" in captured.err
+        assert "--force" not in captured.out
     for force in (False, True):
         with pytest.raises(kgen.KgenError, match="is a spec being built"):
             kgen.build("sp/va.py", "sp", force=force)
@@ -842,6 +871,18 @@ def test_a_stdout_that_cannot_be_written_is_an_error_after_the_work(project, red
     assert result.returncode == 1, result.stderr
     assert "error: cannot write to standard output" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in (project / "out").iterdir()) == sorted(n.replace(".k", ".py") for n in ELEMENTWISE)
+
+
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+def test_a_notice_that_stderr_cannot_take_never_stops_the_work(project, redirect):
+    """kgen's notices (the interpreter's, autotuning's progress) are news: with stderr closed or on
+    a full disk, kgen run still runs and checks the kernel."""
+    if not os.path.exists("/dev/full"):
+        pytest.fail("this test needs Linux's /dev/full")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = f"{shlex.quote(sys.executable)} -m kgen run specs/vector_add.k --shape N=8 {redirect}"
+    result = subprocess.run(["sh", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "z: torch.float32 (8,)  max abs error" in result.stdout, result.stdout
 
 
 def test_file_names_that_are_not_utf8_print_as_escapes(project):
@@ -1146,7 +1187,14 @@ def test_names_too_long_for_the_file_system_are_refused_before_writing(project, 
         assert "1 target(s) cannot be written; nothing was written" in err
         assert main(["build", "specs/vector_add.k", "-o", f"out/{LONG}", *check]) == 1
         assert "is 300 bytes long; the file system takes at most 255" in capsys.readouterr().err
+        assert main(["build", "specs/vector_add.k", "-o", f"{LONG}.py", *check]) == 1   # named like a module
+        assert "-o takes a folder, not a module's path" in capsys.readouterr().err
+    (project / "none").mkdir()
+    assert main(["build", "none", "-o", LONG, "--check"]) == 1   # no spec: the folder looked at for orphans
+    assert "no .k files under none" in capsys.readouterr().err
     assert not (project / "out").exists()
+    with pytest.raises(kgen.KgenError, match="takes a folder, not a module's path"):
+        kgen.build(project / "specs" / "vector_add.k", f"{LONG}.py")
     spec.unlink()
     assert main(["show", f"specs/{LONG}.k"]) == 1
     assert "cannot read the spec (File name too long)" in capsys.readouterr().err
