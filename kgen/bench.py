@@ -284,6 +284,8 @@ def run_once(args) -> int:
 def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, seed: int) -> list[str]:
     """One kernel of ``kgen run``: its outputs' errors printed; the outputs with inf/NaN mismatches returned."""
     shape_text = _shape_text(sizes)
+    if interpreted and _bf16_matmul(kernel.ir):   # the kernel refuses it too, but only once it is called
+        raise KgenError(f"{kernel.name}: bf16 matmuls need a CUDA device; Triton's interpreter cannot compute them")
     inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, device, None, seed)
     ordered = [inputs[n] for n in kernel.inputs]
     start = time.perf_counter()
@@ -309,6 +311,11 @@ def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, s
         ms = do_bench(lambda: kernel(*ordered), warmup=25, rep=100, return_mode="median")
         print(f"  time: {ms * 1e3:.1f} us")
     return mismatched
+
+
+def _bf16_matmul(kir: KernelIR) -> bool:
+    return any(node.op is Op.MATMUL and D.BF16 in (i.dtype for i in node.inputs)
+               for node in topo_order(s.node for s in kir.outputs))
 
 
 def _shape_text(sizes: dict[str, int]) -> str:

@@ -468,6 +468,20 @@ def test_bench_suites_are_the_ones_the_cli_offers():
     assert set(cli.SUITE_NAMES) == set(suites.SUITES)
 
 
+def test_run_refuses_a_bf16_matmul_on_the_interpreter_before_making_inputs(project, capsys, monkeypatch):
+    """The interpreter cannot compute a bf16 tl.dot: kgen run says so before it makes --shape's
+    inputs (gigabytes of them, maybe), not at the kernel's call after them."""
+    from kgen import bench, runtime
+
+    def made(*args):
+        raise AssertionError("inputs made for a kernel the interpreter refuses")
+    monkeypatch.setattr(runtime, "use_interpreter_if_no_gpu", lambda: True)
+    monkeypatch.setattr(bench, "make_inputs", made)
+    assert main(["run", str(ROOT / "specs" / "matmul_leaky_relu.k"), "--dtype", "bf16",
+                 "--shape", "M=2**14,N=2**14,K=2**14"]) == 1
+    assert "error: matmul_leaky_relu: bf16 matmuls need a CUDA device" in capsys.readouterr().err
+
+
 def test_run_checks_a_kernel_against_the_reference(project, capsys):
     assert main(["run", "specs/vector_add.k", "--shape", "N=2**7"]) == 0
     out = capsys.readouterr().out
