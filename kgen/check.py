@@ -21,8 +21,8 @@ from .dtypes import DType
 from .errors import SpecError, Span, did_you_mean
 from .lower import HELPERS
 from .reference import evaluate_node
-from .ir import (POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, is_part, topo_order,
-                 type_str)
+from .ir import (COMPARISONS, POINTWISE, REDUCTIONS, Dim, KernelIR, Node, Op, Param, Shape, Stmt, in_parts, is_part,
+                 result_type, topo_order, type_str)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,6 @@ FUNCTIONS: dict[str, Fn] = {
 
 BINARY_OPS = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "**": Op.POW, "@": Op.MATMUL,
               "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "==": Op.EQ, "!=": Op.NE}
-_COMPARISONS = {Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE}
 
 
 def check(module: S.Module, args: dict[str, tuple[Arg, ...]] | None = None) -> tuple[KernelIR, ...]:
@@ -445,8 +444,10 @@ class _Checker:
                     declared, computed = f"[{declared}]", f"[{computed}]"
                 raise SpecError(f"output '{o.name.id}' is declared {declared} but the body "
                                 f"computes {computed}", t.span)
+        if dtype is D.I32 and node.op is Op.CONST and not _fits_i32(node.arg):
+            raise SpecError(f"output '{o.name.id}' is declared i32, which cannot hold {node.arg!r}", t.span)
         if dtype is not node.dtype:
-            node = Node(Op.CAST, dtype, node.shape, (node,), dtype, node.span)
+            node = _folded(Node(Op.CAST, dtype, node.shape, (node,), dtype, node.span))
         return Stmt(stmt.name, node, stmt.source, stmt.span)
 
     # --- expressions ----------------------------------------------------------
@@ -472,13 +473,13 @@ class _Checker:
         if op is Op.MATMUL:
             return self.matmul(e, a, b)
         shape = self.broadcast(a, b, e.span)
-        if op in _COMPARISONS:
-            common = _result_type(a, b)
+        if op in COMPARISONS:
+            common = result_type(a, b)
             a, b = _promoted(a, common, every=True), _promoted(b, common, every=True)
             return Node(op, D.BOOL, shape, (a, b), None, e.span)
         self._no_bool(a, e.op, e.left.span)
         self._no_bool(b, e.op, e.right.span)
-        dtype = _result_type(a, b)
+        dtype = result_type(a, b)
         a, b = _promoted(a, dtype, every=op is Op.POW), _promoted(b, dtype, every=op is Op.POW)
         if op is Op.DIV and not dtype.is_float:
             dtype = D.F32
@@ -543,7 +544,7 @@ class _Checker:
                                 bound["cond"].span)
             for v in values:
                 self._no_bool(v, name, e.span)
-            dtype = _result_type(*values)
+            dtype = result_type(*values)
             operands[-len(values):] = [_promoted(v, dtype) for v in values]
         if fn.op is Op.CLAMP:
             if bound["lo"] is None and bound["hi"] is None:
@@ -632,24 +633,8 @@ def _dtype(name: S.Name) -> DType:
     return D.BY_NAME[name.id]
 
 
-def _result_type(*nodes: Node) -> DType:
-    """torch's promotion: tensors with dims beat 0-dim tensors, which beat Python numbers;
-    a weaker class decides only when its category (bool < integer < float) is higher."""
-    classes: dict[int, list[DType]] = {2: [], 1: [], 0: []}
-    for n in nodes:
-        classes[0 if n.is_weak else 1 if n.shape == () else 2].append(n.dtype)
-    result = None
-    for cls in (2, 1, 0):
-        if not classes[cls]:
-            continue
-        dtype = classes[cls][0]
-        for other in classes[cls][1:]:
-            dtype = D.promote(dtype, other)
-        if cls == 0:   # Python numbers take torch's default dtype of their category
-            dtype = {0: D.BOOL, 1: D.I32, 2: D.F32}[dtype.category]
-        if result is None or dtype.category > result.category:
-            result = dtype
-    return result
+def _fits_i32(value: int | float) -> bool:
+    return math.isfinite(value) and -2**31 <= math.trunc(value) < 2**31
 
 
 def _folded(node: Node) -> Node:
@@ -660,7 +645,7 @@ def _folded(node: Node) -> Node:
     reads ``2147483648``; a number cast to i32 must fit it."""
     if node.op is Op.CAST and node.arg is D.I32 and node.inputs[0].op is Op.CONST:
         value = node.inputs[0].arg
-        if not (math.isfinite(value) and -2**31 <= math.trunc(value) < 2**31):
+        if not _fits_i32(value):
             raise SpecError(f"i32({value!r}) is outside int32", node.span)
         # the integer itself, cast: tl.cast(123456789.0, tl.int32) would round through f32
         whole = Node(Op.CONST, D.I32, (), (), math.trunc(value), node.inputs[0].span)

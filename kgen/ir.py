@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .dtypes import DType
+from .dtypes import BOOL, F32, I32, DType, promote
 from .errors import Span
 
 Dim = int | str          # a size: a literal or a symbol such as "M"
@@ -39,6 +39,7 @@ class Op(Enum):
 
 LEAVES = frozenset({Op.INPUT, Op.SCALAR, Op.CONST})
 REDUCTIONS = frozenset({Op.SUM, Op.MAX, Op.MIN, Op.MEAN})
+COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
 POINTWISE = frozenset(Op) - LEAVES - REDUCTIONS - {Op.MATMUL}
 
 
@@ -108,6 +109,26 @@ class KernelIR:
         entry, values = self.schedule_spans[key]
         given = self.schedule.get(key, ())
         return values[given.index(value)] if value is not None and value in given else entry
+
+
+def result_type(*nodes: Node) -> DType:
+    """torch's promotion: tensors with dims beat 0-dim tensors, which beat Python numbers;
+    a weaker class decides only when its category (bool < integer < float) is higher."""
+    classes: dict[int, list[DType]] = {2: [], 1: [], 0: []}
+    for n in nodes:
+        classes[0 if n.is_weak else 1 if n.shape == () else 2].append(n.dtype)
+    result = None
+    for cls in (2, 1, 0):
+        if not classes[cls]:
+            continue
+        dtype = classes[cls][0]
+        for other in classes[cls][1:]:
+            dtype = promote(dtype, other)
+        if cls == 0:   # Python numbers take torch's default dtype of their category
+            dtype = {0: BOOL, 1: I32, 2: F32}[dtype.category]
+        if result is None or dtype.category > result.category:
+            result = dtype
+    return result
 
 
 def type_str(dtype: DType, shape: Shape | None) -> str:

@@ -13,15 +13,15 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from .ir import KernelIR, Node, Op, topo_order
+from .ir import COMPARISONS, KernelIR, Node, Op, result_type, topo_order
 
 
 def _leaky_relu(x, alpha):
     if not isinstance(x, torch.Tensor):  # leaky_relu(0.5, sigmoid(A))
         x = _as_tensor(x, alpha)
-    if isinstance(alpha, (int, float)):  # what a user writes, and one kernel in eager mode
+    if isinstance(alpha, (int, float)) and x.is_floating_point():  # what a user writes: one kernel in eager mode
         return F.leaky_relu(x, alpha)
-    return torch.where(x >= 0, x, x * alpha)
+    return torch.where(x >= 0, x, x * alpha)   # (torch has no integer leaky_relu: i32 x, alpha 2)
 
 
 def _clamp(node: Node):
@@ -42,9 +42,12 @@ def _clamp(node: Node):
 
 
 def _as_tensor(v, like):
+    """A number beside the tensor ``like`` as a 0-dim tensor that promotes with it as the number
+    would: in ``like``'s floating dtype, else its own category's (minimum(2, i) stays int32)."""
     if v is None or isinstance(v, torch.Tensor):
         return v
-    return torch.tensor(v, dtype=like.dtype if like.is_floating_point() else torch.float64, device=like.device)
+    dtype = like.dtype if like.is_floating_point() else {bool: torch.bool, int: torch.int64}.get(type(v), torch.float64)
+    return torch.tensor(v, dtype=dtype, device=like.device)
 
 
 def _binary_tensor(fn):
@@ -142,6 +145,12 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
                     for o, i in zip(operands, node.inputs)]
     if exact and node.dtype.is_float:
         operands = [_widen(o, ints_too=True) for o in operands]
+    elif exact and node.op in COMPARISONS and result_type(*node.inputs).is_float:
+        # compared as the kernel and torch compare them: each side rounded to the dtype they meet
+        # in (f32 x == 0.1 holds for x = f32(0.1); i32 16777217 == f32 16777216.0 holds)
+        common = result_type(*node.inputs).torch
+        operands = [torch.as_tensor(o, dtype=torch.float64).to(common) if not isinstance(o, torch.Tensor)
+                    else o.to(common) for o in operands]
     if node.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         result = REFERENCE_OPS[node.op](operands[0], node.arg)
     elif node.op is Op.CLAMP:

@@ -611,6 +611,29 @@ def test_operands_promoted_to_a_16_bit_dtype_are_rounded_to_it(text, args, fn):
     assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
 
 
+F32_TENTHS = torch.tensor([0.1, 0.2, 0.3, 0.7])
+BIG_INTS = torch.tensor([16777217, 16777216, 3, -16777217], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("text, args, fn", [
+    ("y = f32(x == 0.1)", (F32_TENTHS,), lambda x: (x == 0.1).float()),
+    ("y = where(x > 0.2, x, 0.0)", (F32_TENTHS,), lambda x: torch.where(x > 0.2, x, 0.0)),
+    ("y = f32(x <= s)", (F32_TENTHS, 0.3), lambda x, s: (x <= s).float()),
+    ("y = f32(0.7 != x)", (F32_TENTHS,), lambda x: (0.7 != x).float()),
+    ("y = f32(i == x)", (BIG_INTS, torch.full((4,), 16777216.0)), lambda i, x: (i == x).float()),
+    ("y = f32(i > 16777216.0)", (BIG_INTS,), lambda i: (i > 16777216.0).float()),
+])
+def test_comparisons_meet_in_f32_as_in_torch(text, args, fn):
+    """A comparison whose sides promote to f32 rounds each side to f32 (an f32 0.1 equals the
+    number 0.1; int32 16777217 equals f32 16777216), in the kernel as in torch, and in kgen's
+    float64 reference too, which would otherwise hold 0.1 exactly."""
+    args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    kernel = kgen.compile(text)
+    got, want = kernel(*args), fn(*args)
+    reference = evaluate(kernel.ir, dict(zip(kernel.inputs, args)))[0]
+    assert torch.equal(got, want) and torch.equal(reference.to(got.dtype), got), (got, want, reference)
+
+
 BINARY_SPECS = {
     "X + Y": lambda x, y: x + y, "X - Y": lambda x, y: x - y, "X * Y": lambda x, y: x * y,
     "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,
@@ -654,6 +677,9 @@ def test_power_by_constant(exponent):
     ("Y = 2 ** f32(I)", lambda i: torch.pow(2.0, i.float())), ("Y = relu(I)", torch.relu),
     ("Y = I * 0.5", lambda i: i * 0.5), ("Y = f32(I) ** I", lambda i: torch.pow(i.float(), i)),
     ("Y = i32(X * 3)", None), ("Y = bool(I)", lambda i: i.bool()), ("Y = -I", torch.neg),
+    ("Y = clamp(I, 0, 3)", lambda i: i.clamp(0, 3)), ("Y = minimum(2, I)", lambda i: i.clamp(max=2)),
+    # no torch function takes an integer leaky_relu: its definition, which kgen computes in i32
+    ("Y = leaky_relu(I, 2)", lambda i: torch.where(i >= 0, i, i * 2)),
 ])
 def test_integer_operands(text, fn):
     """i32 inputs: float functions widen them to f32 as torch does; integer math stays i32."""
@@ -666,11 +692,12 @@ def test_integer_operands(text, fn):
     got = kernel(*args)
     want = fn(i) if fn is not None else (x * 3).to(torch.int32)
     assert got.dtype == want.dtype
+    reference = evaluate(kernel.ir, dict(zip(kernel.inputs, args)))[0]
     if got.dtype.is_floating_point:
         assert_matches(got, want.double())
-    else:
-        assert torch.equal(got, want)
-    assert_matches(got, evaluate(kernel.ir, dict(zip(kernel.inputs, args)))[0])
+        assert_matches(got, reference)
+    else:   # integer math is exact: the reference's too, in the kernel's dtype
+        assert torch.equal(got, want) and torch.equal(reference, got), (got, want, reference)
 
 
 @pytest.mark.parametrize("text", [

@@ -91,6 +91,8 @@ CASES = [
     ("duplicate headerless assignment", "Y = X\nY = X + 1", 2, 1, "'Y' is assigned twice", SpecError),
     ("headerless input assigned", "Y = X + 1\nX = Y", 2, 1, "'X' is read before it is assigned", SpecError),
     ("number cast past int32", "Y = X + i32(1e10)", 1, 9, "i32(10000000000.0) is outside int32", SpecError),
+    ("number past a declared i32 output", K("Y = 1e10", out="Y: i32"), 1, 30,
+     "output 'Y' is declared i32, which cannot hold 10000000000.0", SpecError),
     ("assigning a parameter", K("X = X + 1\n    Y = X"), 2, 5, "'X' is a parameter", SpecError),
     ("output never assigned", K("Z = X"), 1, 27, "output 'Y' is never assigned", SpecError),
     ("empty body", "kernel f(X: f16[N]) -> Y {\n}\n", 1, 24, "output 'Y' is never assigned", SpecError),
