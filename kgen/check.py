@@ -255,6 +255,13 @@ def _check_schedules(module: S.Module) -> None:
             if c.key.id in keys:
                 raise SpecError(f"'{c.key.id}' is set twice in this schedule", c.key.span)
             keys.add(c.key.id)
+            listed = set()
+            for v in c.values:   # a candidate listed twice would be tuned twice
+                value = repr(v.value) if isinstance(v, S.Number) else v.id
+                if value in listed:
+                    shown = v.text if isinstance(v, S.Number) else v.id
+                    raise SpecError(f"{shown[:24]} is listed twice for '{c.key.id}'", v.span)
+                listed.add(value)
 
 
 # Launch options within Triton's limits, checked here where each value's span is known;

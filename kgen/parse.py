@@ -140,11 +140,11 @@ def too_deep(text: str, path: str) -> SpecError:
 def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
     line, col = max(1, e.line), max(1, e.column)
     lines = text.split("\n")             # as Lark counts lines (splitlines() would also end them at \f)
-    if len(lines) > 1 and not lines[-1]:  # the final newline starts no line
+    while len(lines) > 1 and not lines[-1].strip():  # blank lines at the end (the final newline's too)
         lines.pop()
     at_end = getattr(e, "token", None) is not None and e.token.type == "$END"
-    if line > len(lines) or at_end:  # point just past the last character
-        line, col = len(lines), len(lines[-1]) + 1
+    if line > len(lines) or at_end:  # point just past the last character written
+        line, col = len(lines), len(lines[-1].rstrip()) + 1
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
         what = f"unexpected character {text[e.pos_in_stream]!r}" if e.pos_in_stream < len(text) \
             else "unexpected end of input"

@@ -51,6 +51,7 @@ CASES = [
     ("unexpected end of input", "kernel f(X: f16[M, N]) -> Y: f16[M, N] {\n    Y = X\n", 2, 10,
      "unexpected end of input; expected '}'", SpecError),
     ("unclosed parenthesis", "Y = (X + 1", 1, 11, "unexpected end of input; expected ')'", SpecError),
+    ("end of input after blank lines", "Y = X\n\n\nZ = (X +  \n\n  \n", 4, 9, "unexpected end of input", SpecError),
     # what the parser takes there, not what other states LALR merged with its own would
     ("closing a bracket never opened", "Y = X)", 1, 6, "unexpected ')'; expected the end of the input", SpecError),
     ("a float schedule value", K("Y = X", tail="schedule f {\n    num_warps = 4.0\n}\n"), 5, 18,
@@ -146,6 +147,8 @@ CASES = [
      "'BLOCK_SIZE' is set twice", SpecError),
     ("two schedules", K("Y = X", tail="schedule f {\n}\nschedule f {\n}\n"), 6, 10, "has two schedule sections",
      SpecError),
+    ("schedule value twice", K("Y = X", tail="schedule f {\n    BLOCK_SIZE = [64, 128, 64]\n}\n"), 5, 28,
+     "64 is listed twice for 'BLOCK_SIZE'", SpecError),
     # a pattern's schedule checks: at the value, or at the entry when it is about the whole entry
     ("schedule key unknown to the pattern", K("Y = X", tail="schedule f {\n    BLOK_SIZE = 64\n}\n"), 5, 5,
      "not 'BLOK_SIZE'", SpecError),
