@@ -531,8 +531,8 @@ def linear_gelu(X, W, b, *, out=None, config=None):
         return Y
     if config is None:
         config = _linear_gelu_config(M, N, device)
-    # TMA, WS and SUBTILE choose a kernel and its options; no kernel takes them by name
-    tiles = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
+    # TMA picks the kernel; no kernel takes it by name
+    tiles = {key: value for key, value in config.items() if key not in ("TMA",)}
     if config.get("TMA"):
         X_desc, A_T = _tma_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _tma_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])

@@ -473,8 +473,8 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
         return C
     if config is None:
         config = _matmul_leaky_relu_config(M, N, device)
-    # TMA, WS and SUBTILE choose a kernel and its options; no kernel takes them by name
-    tiles = {key: value for key, value in config.items() if key not in ("TMA", "WS", "SUBTILE")}
+    # TMA picks the kernel; no kernel takes it by name
+    tiles = {key: value for key, value in config.items() if key not in ("TMA",)}
     if config.get("TMA"):
         A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])

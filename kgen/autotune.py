@@ -260,14 +260,14 @@ class Tuner:
         self.cache: DiskCache | None = None
         self.tuned = 0                   # problems timed in this process (tests read it)
         self.last: dict | None = None    # the config of the last tuned call (None: the heuristic)
-        self.fresh = None                # the memory key that the last call added, if it added one
+        self._fresh = threading.local()  # .key: what this thread's last call added to memory, if anything
         self._lock = threading.Lock()
         # KGEN_AUTOTUNE is read once, when the kernel is compiled: the per-call path stays short
         self.active = len(tuning.configs) >= 2 and (force or enabled())
 
     def choose(self, args, kwargs) -> dict | None:
         """The config for this call, or None for the host function's own heuristic."""
-        self.fresh = None
+        self._fresh.key = None
         if not self.active or "config" in kwargs:
             return None
         # The per-call path: one dict lookup on the arguments' dtypes, shapes and strides.
@@ -286,7 +286,7 @@ class Tuner:
             if config is not None and self.checked is not None:
                 config = self.checked(config)
             self.memory[fast] = config
-            self.fresh = fast
+            self._fresh.key = fast
         self.last = config
         return config
 
@@ -294,10 +294,12 @@ class Tuner:
         """Drop what the last call added to memory: the host refused that call.  Its decision
         may be None for the call's fault alone (arguments that do not bind, tensors on mixed
         devices), and a key need not tell that call from a good one (a grouped GEMM's key
-        holds neither the keywords nor the devices), which would then never be tuned."""
-        if self.fresh is not None:
-            self.memory.pop(self.fresh, None)
-            self.fresh = None
+        holds neither the keywords nor the devices), which would then never be tuned.  Per
+        thread: another thread's call between this one's choice and its refusal keeps its own."""
+        key = getattr(self._fresh, "key", None)
+        if key is not None:
+            self.memory.pop(key, None)
+            self._fresh.key = None
 
     def _choose(self, args, kwargs, key: str | None = None) -> dict | None:
         try:

@@ -266,6 +266,8 @@ class Kernel:
             raise CallError(f"{self.name}: no MoE form: {self._moe_why}")
         if offs is None:
             raise CallError(f"{self.name}.moe: missing offs=, where each problem's rows end")
+        if kwargs.get("config", 0) is None:   # no config, as __call__ takes it
+            del kwargs["config"]
         kwargs["offs"] = offs
         return self._run(self._moe_host, self._moe_tuner, self._moe_label, self._moe_signature, args, kwargs)
 

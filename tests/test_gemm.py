@@ -13,6 +13,7 @@ import inspect
 import json
 import pickle
 import re
+import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -745,6 +746,31 @@ def test_tuner_picks_fastest_and_a_second_tuner_reads_the_disk(cache):
     assert second.choose((args[0], bt, args[2]), {}) == CONFIGS[1]
     assert len(second_calls) == len(CONFIGS)
     assert len(json.loads(files[0].read_text())["entries"]) == 2
+
+
+def test_a_refused_call_forgets_only_its_own_threads_decision(cache):
+    """A call the host refuses drops the decision it added to the tuner's memory: its own, not
+    one another thread's call added in between, which stays remembered (never tuned again)."""
+    kernel, args = tuned_host()
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    calls = []
+    tuner = make_tuner(kernel, fake_clock(times, calls))
+    other = (args[0][:20], args[1], args[2][:20])      # another problem key
+    chosen, resume = threading.Event(), threading.Event()
+
+    def refused_call():
+        tuner.choose(args, {})
+        chosen.set()
+        resume.wait(60)
+        tuner.forget()
+    thread = threading.Thread(target=refused_call)
+    thread.start()
+    assert chosen.wait(60)
+    tuner.choose(other, {})                           # this thread's call, between the other's two steps
+    resume.set()
+    thread.join(60)
+    key = tuner.tuning.key or autotune.call_key   # the memory's key of a call, as choose takes it
+    assert list(tuner.memory) == [key(other, {})] and tuner.memory[key(other, {})] == CONFIGS[1]
 
 
 def test_a_problem_no_candidate_runs_is_a_kgen_error(cache):

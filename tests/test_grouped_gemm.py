@@ -879,6 +879,22 @@ def test_tuner_times_group_configs_and_keeps_them_on_disk(cache, form):
         assert_close(got, torch.relu(moe_reference(args[0], args[1], [20, 50])), moe_bound(args[0], args[1], [20, 50]))
 
 
+@pytest.mark.parametrize("form", ["declared", "headerless"])
+def test_config_none_asks_the_moe_forms_tuner_too(monkeypatch, form):
+    """config=None is no config in the MoE form as in the list form: the tuner is asked, not passed over."""
+    kernel = kgen.compile("specs/grouped_gemm.k")
+    if form == "headerless":
+        k = compiled("C = A @ B")
+        k([randn(3, 4).half()], [randn(4, 5).half()])
+        kernel = k._last
+    asked = []
+    monkeypatch.setattr(kernel._moe_tuner, "choose", lambda args, kwargs: asked.append(sorted(kwargs)) or None)
+    A, B, offs = randn(8, 8).half(), torch.randn(2, 8, 4, device=DEVICE).half(), [3, 8]
+    got = kernel.moe(A, B, offs=torch.tensor(offs, dtype=torch.int32, device=DEVICE), config=None)
+    assert asked == [["offs"]]
+    assert_close(got, moe_reference(A, B, offs), moe_bound(A, B, offs))
+
+
 # --- generated source -----------------------------------------------------------------------------------
 
 def test_generated_source_reads_like_tutorial_08_done_right():

@@ -102,8 +102,17 @@ class ElementwisePlan:
 
     @property
     def block_arguments(self) -> str:
-        """What the kernel passes on to its block function: the pointers, sizes and strides."""
-        return " ".join((self.pointers,) + self.block_params).rstrip(",")
+        """What the kernel passes on to its block function: the pointers, sizes and strides (and
+        CONTIGUOUS, which picks the flat path, where there is one)."""
+        return " ".join((self.pointers,) + self.block_params + ("CONTIGUOUS",) * self.flat).rstrip(",")
+
+    @property
+    def constexprs(self) -> str:
+        return "BLOCK_SIZE: tl.constexpr, " + "CONTIGUOUS: tl.constexpr, " * self.flat + "INT64: tl.constexpr,"
+
+    @property
+    def launch_constexprs(self) -> str:
+        return "BLOCK_SIZE=BLOCK_SIZE, " + "CONTIGUOUS=contiguous, " * self.flat + "INT64=int64,"
 
     @property
     def pointers(self) -> str:
@@ -136,8 +145,6 @@ class ElementwisePlan:
 
     @property
     def contiguous_test(self) -> str:
-        if not self.flat:
-            return "False"
         return " and ".join(f"{op.name}.is_contiguous()" for op in self.operands if not op.scalar) or "True"
 
     @property

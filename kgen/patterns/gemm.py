@@ -250,6 +250,24 @@ class GemmPlan:
         return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in group) for group in self.hints)
 
     @property
+    def kernel_choices(self) -> tuple[str, ...]:
+        """The config keys that choose the persistent kernel and its options, which no kernel takes by name."""
+        return ("TMA",) + ("WS",) * self.ws + ("SUBTILE",) * self.subtile
+
+    @property
+    def kernel_choices_note(self) -> str:
+        options = " and ".join(self.kernel_choices[1:])
+        if not options:
+            return "TMA picks the kernel; no kernel takes it by name"
+        return f"TMA picks the kernel, {options} its options; no kernel takes them by name"
+
+    @property
+    def kernel_choices_tuple(self) -> str:
+        """``("TMA",)``, ``("TMA", "WS")``: ``kernel_choices`` as Python source."""
+        keys = self.kernel_choices
+        return "(" + ", ".join(f'"{k}"' for k in keys) + "," * (len(keys) == 1) + ")"
+
+    @property
     def tma_flags(self) -> str:
         """The persistent launch's optional flags, read from the config ("" when neither exists)."""
         return " ".join(flag for flag, on in (('WARP_SPECIALIZE=config.get("WS", False),', self.ws),
