@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 

@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 
@@ -604,10 +604,11 @@ def grouped_gemm_kernel(
     # tiles of all problems, tile_id = program_id, program_id + num_programs, ...
     # meta_ptr: int64, the G problems' tile ends (a running sum of tile counts), then a row of
     # 12 per problem:
-    #   0: M, 1: N, 2: K, 3: &A, 4: &B, 5: &C, 6: A.stride(0), 7: A.stride(1), 8:
-    #   B.stride(0), 9: B.stride(1), 10: C.stride(0), 11: C.stride(1)
-    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
-    # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
+    #   0: M, 1: N, 2: K, 3: &A, 4: &B, 5: &C, 6: A.stride(0), 7: A.stride(1),
+    #   8: B.stride(0), 9: B.stride(1), 10: C.stride(0), 11: C.stride(1)
+    # A_UNIT, B_UNIT, C_UNIT: the axis of each tensor whose stride is 1 in every problem (-1: none);
+    # ALIGNED: in every problem, the addresses are 16-byte aligned and the other strides, N and K
+    # multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
@@ -715,8 +716,9 @@ def grouped_gemm_tma_kernel(
     # The list kernel for Hopper: A and B through TMA descriptors made on the device
     # for each tile's problem (the host launches it when every problem's A and B have
     # a contiguous axis and ALIGNED holds); A_T / B_T: the descriptor is over the transpose.
-    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
-    # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
+    # A_UNIT, B_UNIT, C_UNIT: the axis of each tensor whose stride is 1 in every problem (-1: none);
+    # ALIGNED: in every problem, the addresses are 16-byte aligned and the other strides, N and K
+    # multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
@@ -832,8 +834,9 @@ def grouped_gemm_moe_kernel(
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
-    # to offs[g] of T; each stacked tensor holds one per problem (B_stride apart in B),
-    # the problem's address offsets in int64 (a [G, K, N] weight passes 2**31 elements).
+    # to offs[g] of T; each stacked tensor holds one per problem (B_stride apart in B;
+    # its _stride0, _stride1 are those of a problem's own axes), the problem's address offsets
+    # in int64 (a [G, K, N] weight passes 2**31 elements).
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -984,9 +987,9 @@ grouped_gemm_configs = [
 ]
 
 
-def _grouped_gemm_config(M, N, K, device):
+def _grouped_gemm_config(M, N, device):
     """The config when the call gives none (kgen's autotuner gives one on a GPU), from the
-    output elements per SM; M, N, K: the problems' sizes."""
+    output elements per SM; M, N: the problems' sizes."""
     if device.type != "cuda":  # Triton's interpreter runs programs one by one: few, mid-sized tiles
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, programs_per_sm=1)
     work = sum(m * n for m, n in zip(M, N)) // _num_sms(device)
@@ -1011,7 +1014,7 @@ def grouped_gemm(A, B, *, out=None, config=None):
     N = [s[1] for s in B_shapes]
     C, = _group_outputs(out, device, G, (("A", A), ("B", B)), ("C", list(zip(M, N)), torch.float16))
     if config is None:
-        config = _grouped_gemm_config(M, N, K, device)
+        config = _grouped_gemm_config(M, N, device)
     else:
         config = _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
                                ("programs_per_sm", "FLATTEN", "TMA"))
@@ -1027,7 +1030,7 @@ def grouped_gemm(A, B, *, out=None, config=None):
             A_T=layout["A_UNIT"] == 0, B_T=layout["B_UNIT"] == 0,
         )
         return C
-    # TMA cannot read these operands here: the pointer kernel, same tiles
+    # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
     grouped_gemm_kernel[grid](
         table, G, num_tiles, **layout, **launch,
     )
@@ -1053,7 +1056,7 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
     if C.numel() == 0:
         return C
     if config is None:
-        config = _grouped_gemm_config([T], [N], [K], device)
+        config = _grouped_gemm_config([T], [N], device)
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
@@ -1070,7 +1073,7 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
                 G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C), **_group_launch(config, device, 2),
             )
             return C
-        # TMA cannot read these operands here: the pointer kernel, same tiles
+    # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
     grouped_gemm_moe_kernel[grid](
         A, B, C, offs,
         G, T, N, K,

@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 
@@ -609,10 +609,11 @@ def grouped_linear_gelu_kernel(
     # tiles of all problems, tile_id = program_id, program_id + num_programs, ...
     # meta_ptr: int64, the G problems' tile ends (a running sum of tile counts), then a row of
     # 14 per problem:
-    #   0: M, 1: N, 2: K, 3: &X, 4: &W, 5: &b, 6: &Y, 7: X.stride(0), 8: X.stride(1), 9:
-    #   W.stride(0), 10: W.stride(1), 11: b.stride(0), 12: Y.stride(0), 13: Y.stride(1)
-    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
-    # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
+    #   0: M, 1: N, 2: K, 3: &X, 4: &W, 5: &b, 6: &Y, 7: X.stride(0), 8: X.stride(1),
+    #   9: W.stride(0), 10: W.stride(1), 11: b.stride(0), 12: Y.stride(0), 13: Y.stride(1)
+    # X_UNIT, W_UNIT, b_UNIT, Y_UNIT: the axis of each tensor whose stride is 1 in every problem (-1: none);
+    # ALIGNED: in every problem, the addresses are 16-byte aligned and the other strides, N and K
+    # multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
@@ -727,8 +728,9 @@ def grouped_linear_gelu_tma_kernel(
     # The list kernel for Hopper: X and W through TMA descriptors made on the device
     # for each tile's problem (the host launches it when every problem's X and W have
     # a contiguous axis and ALIGNED holds); A_T / B_T: the descriptor is over the transpose.
-    # X_UNIT: the axis of X whose stride is 1 in every problem (-1: none); ALIGNED: in every
-    # problem, the addresses are 16-byte aligned and the other strides, N and K multiples of 16 bytes
+    # X_UNIT, W_UNIT, b_UNIT, Y_UNIT: the axis of each tensor whose stride is 1 in every problem (-1: none);
+    # ALIGNED: in every problem, the addresses are 16-byte aligned and the other strides, N and K
+    # multiples of 16 bytes
     idx = tl.arange(0, G_BLOCK)
     tile_ends = tl.load(meta_ptr + idx, mask=idx < G, other=num_tiles).to(tl.int32)
     # FLATTEN: the tile loop and the K loop pipelined as one, so that the next tile's first
@@ -852,8 +854,9 @@ def grouped_linear_gelu_moe_kernel(
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
-    # to offs[g] of T; each stacked tensor holds one per problem (W_stride apart in W, b_stride in b),
-    # the problem's address offsets in int64 (a [G, K, N] weight passes 2**31 elements).
+    # to offs[g] of T; each stacked tensor holds one per problem (W_stride apart in W, b_stride apart in b;
+    # its _stride0, _stride1 are those of a problem's own axes), the problem's address offsets
+    # in int64 (a [G, K, N] weight passes 2**31 elements).
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -1004,9 +1007,9 @@ grouped_linear_gelu_configs = [
 ]
 
 
-def _grouped_linear_gelu_config(M, N, K, device):
+def _grouped_linear_gelu_config(M, N, device):
     """The config when the call gives none (kgen's autotuner gives one on a GPU), from the
-    output elements per SM; M, N, K: the problems' sizes."""
+    output elements per SM; M, N: the problems' sizes."""
     if device.type != "cuda":  # Triton's interpreter runs programs one by one: few, mid-sized tiles
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1, programs_per_sm=1)
     work = sum(m * n for m, n in zip(M, N)) // _num_sms(device)
@@ -1033,7 +1036,7 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
     _group_dims("b", b_shapes, 0, N, "N", "W")
     Y, = _group_outputs(out, device, G, (("X", X), ("W", W), ("b", b)), ("Y", list(zip(M, N)), torch.float16))
     if config is None:
-        config = _grouped_linear_gelu_config(M, N, K, device)
+        config = _grouped_linear_gelu_config(M, N, device)
     else:
         config = _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
                                ("programs_per_sm", "FLATTEN", "TMA"))
@@ -1050,7 +1053,7 @@ def grouped_linear_gelu(X, W, b, *, out=None, config=None):
             A_T=layout["X_UNIT"] == 0, B_T=layout["W_UNIT"] == 0,
         )
         return Y
-    # TMA cannot read these operands here: the pointer kernel, same tiles
+    # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
     grouped_linear_gelu_kernel[grid](
         table, G, num_tiles, **layout, **launch,
     )
@@ -1079,7 +1082,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     if Y.numel() == 0:
         return Y
     if config is None:
-        config = _grouped_linear_gelu_config([T], [N], [K], device)
+        config = _grouped_linear_gelu_config([T], [N], device)
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
@@ -1097,7 +1100,7 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
                 G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config, device, 2),
             )
             return Y
-        # TMA cannot read these operands here: the pointer kernel, same tiles
+    # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
     grouped_linear_gelu_moe_kernel[grid](
         X, W, b, Y, offs,
         G, T, N, K,

@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 
@@ -186,7 +186,8 @@ def _next_pow2(n):
 
 @triton.jit
 def rsqrt(x):
-    # as sqrt: the GPU's rsqrt flushes a subnormal x to zero (giving inf), so it is scaled first
+    # the GPU's rsqrt flushes a subnormal x to zero (giving inf) where torch's does not: such
+    # an x is scaled by 2**64 (exactly) first and its result by 2**32 after
     tiny = (tl.abs(x) < 1.1754943508222875e-38) & (x != 0)
     return tl.where(tiny, tl.rsqrt(x * 18446744073709551616.0) * 4294967296.0, tl.rsqrt(x))
 
@@ -244,9 +245,9 @@ def _two_per_sm(kernel, device, args, options):
 
 
 def _shift_rows(vec, n_cols, *tensors):
-    """SHIFT for the looped kernels: the tensors' rows start 16-byte aligned tensors at the
-    same offset modulo vec elements (one shift aligns them all; their columns contiguous),
-    and Triton cannot see that the rows are aligned (it knows the multiples of 16 only)."""
+    """SHIFT for the looped kernels: the tensors are 16-byte aligned with contiguous columns and
+    their rows start at the same offset modulo vec elements (one shift aligns them all), and
+    Triton cannot see where the rows start (it knows the multiples of 16 only)."""
     first = tensors[0]
     if any(t.data_ptr() % 16 or t.stride(-1) != 1 or t.shape != first.shape for t in tensors):
         return False

@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 
@@ -219,9 +219,9 @@ def _two_per_sm(kernel, device, args, options):
 
 
 def _shift_rows(vec, n_cols, *tensors):
-    """SHIFT for the looped kernels: the tensors' rows start 16-byte aligned tensors at the
-    same offset modulo vec elements (one shift aligns them all; their columns contiguous),
-    and Triton cannot see that the rows are aligned (it knows the multiples of 16 only)."""
+    """SHIFT for the looped kernels: the tensors are 16-byte aligned with contiguous columns and
+    their rows start at the same offset modulo vec elements (one shift aligns them all), and
+    Triton cannot see where the rows start (it knows the multiples of 16 only)."""
     first = tensors[0]
     if any(t.data_ptr() % 16 or t.stride(-1) != 1 or t.shape != first.shape for t in tensors):
         return False
@@ -254,7 +254,7 @@ def _row_vec(n_cols, *tensors):
 def _log_softmax_tile(
     row0, col, col_mask,
     X_ptr, Y_ptr,
-    n_rows, n_cols,
+    n_rows,
     X_stride0, X_stride1, Y_stride0, Y_stride1,
     BLOCK_ROWS: tl.constexpr, INT64: tl.constexpr, ROW_VEC: tl.constexpr,
 ):
@@ -301,11 +301,11 @@ def log_softmax_kernel(
     if TILE_LOOP:
         for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS,
                              num_stages=NUM_STAGES):
-            _log_softmax_tile(row0, col, col_mask, X_ptr, Y_ptr, n_rows, n_cols, X_stride0, X_stride1, Y_stride0,
-                              Y_stride1, BLOCK_ROWS, INT64, ROW_VEC)
+            _log_softmax_tile(row0, col, col_mask, X_ptr, Y_ptr, n_rows, X_stride0, X_stride1, Y_stride0, Y_stride1,
+                              BLOCK_ROWS, INT64, ROW_VEC)
     else:
-        _log_softmax_tile(tl.program_id(0) * BLOCK_ROWS, col, col_mask, X_ptr, Y_ptr, n_rows, n_cols, X_stride0,
-                          X_stride1, Y_stride0, Y_stride1, BLOCK_ROWS, INT64, ROW_VEC)
+        _log_softmax_tile(tl.program_id(0) * BLOCK_ROWS, col, col_mask, X_ptr, Y_ptr, n_rows, X_stride0, X_stride1,
+                          Y_stride0, Y_stride1, BLOCK_ROWS, INT64, ROW_VEC)
 
 
 @triton.jit

@@ -15,7 +15,7 @@ class NotCurrentDevice(ArgumentError):
     under torch.cuda.device(error.device) (kgen.compile's kernels go there themselves)."""
 
 
-# i32 offsets reach at most this far (one block of headroom past the last element)
+# offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
 
 
@@ -283,8 +283,9 @@ def swiglu_residual_kernel(
         pid = pid.to(tl.int64)
     offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     # A block wholly inside the output runs without a mask: Triton proves n_elements divisible
-    # by 16 at most, and under a mask it cannot prove constant over a vector, memory moves an
-    # element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked blocks 2787).
+    # by 16 at most, so it cannot prove a mask constant over a vector, and under such a mask
+    # memory moves an element at a time (f16 at 4095 x 4097 on an H100: 1796 GB/s, unmasked
+    # blocks 2787).
     if pid * BLOCK_SIZE + BLOCK_SIZE <= n_elements:
         _swiglu_residual_block(offs, None, x_ptr, gate_ptr, residual_ptr, y_ptr, size1, x_stride0, x_stride1,
                                gate_stride0, gate_stride1, residual_stride0, residual_stride1, y_stride0, y_stride1,

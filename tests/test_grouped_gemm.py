@@ -262,7 +262,7 @@ def table_of(k, a, b):
     c = k(a, b)
     module = k._last.module
     sizes = [t.shape[0] for t in a], [t.shape[1] for t in b], [t.shape[1] for t in a]
-    config = module._c_config(*sizes, torch.device("cpu"))       # the small tiles the counts below assume
+    config = module._c_config(*sizes[:2], torch.device("cpu"))   # the small tiles the counts below assume
     table = lambda: module._group_table(torch.device(DEVICE), *sizes, (("A", a), ("B", b), ("C", c)),  # noqa: E731
                                         config, 8)
     return module, table(), table()

@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import textwrap
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -220,6 +219,7 @@ class GroupedPlan:
     allocate: str
     returns: str
     sizes: str                    # "M, N, K": the host's per-problem lists
+    output_sizes: str             # "M, N": those the default config reads
     table_tensors: str            # '("A", A), ("B", B), ("C", C)'
     vector: int                   # elements of the operands in 16 bytes
     operand_bytes: int            # bytes of the widest input element (the operands' tiles as loaded)
@@ -348,10 +348,11 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         + ("num_sms", "tma_host", "group_host"),
         operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
-        returns=h.returns, sizes=", ".join(sizes), table_tensors=", ".join(f'("{t}", {t})' for t in names),
+        returns=h.returns, sizes=", ".join(sizes), output_sizes=", ".join(sizes[:2]),
+        table_tensors=", ".join(f'("{t}", {t})' for t in names),
         vector=vector, operand_bytes=max(params[t].dtype.bytes for t in low.tensors), scalars=low.scalars,
         units=units, width=len(columns),
-        columns=tuple(textwrap.wrap(", ".join(f"{i}: {c}" for i, c in enumerate(columns)), 84)),
+        columns=_packed([f"{i}: {c}" for i, c in enumerate(columns)], 84),
         table=tuple(table), **moe, tma=plan_tma,
         configs=tuple(config_text(c) for c in candidates),
         heuristic=tuple(("" if limit is None else f"work <= {limit}", config_text(_config(c)))
@@ -475,8 +476,7 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     doc = h.docstring.replace(" -> ", f", offs: int32[{G}] (or int64) -> ", 1)
     return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
                 moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
-                moe_stacked=", ".join(f"{t}_stride{' apart' * (i == 0)} in {t}"
-                                      for i, t in enumerate(n for n in names if not ragged[n])),
+                moe_stacked=", ".join(f"{t}_stride apart in {t}" for t in names if not ragged[t]),
                 moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
                 moe_tma_pointers=tuple(descriptors + [pointers[t] for t in direct]),
                 moe_tma_strides=tuple(strides[t] for t in direct), moe_tma_bases=tuple(bases[t] for t in direct),
@@ -644,3 +644,15 @@ def prune_moe(configs, bound: dict, lhs: str, rhs: str):
     a, b = bound[lhs], bound[rhs]
     return _fit(configs, a.shape[0] // max(1, b.shape[0]), b.shape[2], a.shape[1], a,
                 2 * a.shape[0] * a.shape[1] * b.shape[2], MOE_TMA_MIN_FLOP)
+
+
+def _packed(items: list[str], width: int) -> tuple[str, ...]:
+    """``items`` joined by ", " into lines of at most ``width`` characters, never breaking an item."""
+    lines = [items[0]]
+    for item in items[1:]:
+        if len(lines[-1]) + len(item) + 2 > width:
+            lines[-1] += ","
+            lines.append(item)
+        else:
+            lines[-1] += ", " + item
+    return tuple(lines)

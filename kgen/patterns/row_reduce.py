@@ -498,6 +498,12 @@ class RowReducePlan:
     split: Split | None                 # None: the spec's rows do not split (several levels, f16 rows)
     tiling: Tiling
     pattern: str = "row_reduce"
+
+    @property
+    def tile_sizes(self) -> tuple[str, ...]:
+        """The sizes the on-chip tile reads: n_rows, and each other one its code names (a mean's n_cols)."""
+        code = "\n".join([*self.coordinates, *(c for line in self.body for c in line.code), *self.stores])
+        return tuple(s for s in self.sizes if s == "n_rows" or re.search(rf"\b{s}\b", code))
     template: str = "row_reduce.jinja"
 
     @property
