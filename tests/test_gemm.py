@@ -514,6 +514,25 @@ def test_warp_specialize_guard_reads_tl_range(monkeypatch):
     assert check() is False
 
 
+@pytest.mark.parametrize("schedule", ["", "schedule g {\n  BLOCK_M = 64\n  BLOCK_N = 64\n  BLOCK_K = 64\n}\n"])
+def test_the_heuristic_names_each_config_once_in_a_row(schedule):
+    """Neighbouring rows of one config are one row (``M <= 64 or M * N <= 524288``), and the
+    merged heuristic picks what the unmerged one picked at every size."""
+    head = "kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"
+    plan = generate(head + schedule).plans[0]
+    configs = [config for _, config in plan.heuristic]
+    assert all(a != b for a, b in zip(configs, configs[1:])) and plan.heuristic[-1][0] == ""
+    if not schedule:
+        assert any(" or " in condition for condition, _ in plan.heuristic)
+    unmerged = [("M <= 16", "a"), ("M <= 64", "b"), ("M * N <= 100", "b"), ("M * N <= 400", "c"), ("", "c")]
+    merged = gemm._merged(unmerged)
+    assert merged == (("M <= 16", "a"), ("M <= 64 or M * N <= 100", "b"), ("", "c"))
+    for m in (1, 16, 17, 64, 65, 100):
+        for n in (1, 2, 7):
+            pick = lambda rows: next(c for cond, c in rows if not cond or eval(cond, {"M": m, "N": n}))  # noqa: E731
+            assert pick(merged) == pick(unmerged)
+
+
 def test_schedule_flags():
     """SPLIT_K lists multiply the tiled candidates; WS and SUBTILE the persistent ones."""
     head = "kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"

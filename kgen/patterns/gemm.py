@@ -355,7 +355,7 @@ def match(kir: KernelIR) -> GemmPlan | None:
         sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
-        heuristic=tuple((_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows),
+        heuristic=_merged([(_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows]),
         split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints,
         tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
@@ -761,6 +761,19 @@ def _buckets(kir: KernelIR, m: Dim) -> tuple[tuple[str, int], ...]:
         return ()
     return tuple((p.name, axis) for p in kir.params if not p.is_scalar
                  for axis, d in enumerate(p.shape) if d == m)
+
+
+def _merged(rows: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """Heuristic rows with neighbours of one config as one row (``M <= 64 or M * N <= 524288``;
+    one before the unconditional last row of its config: that row alone)."""
+    merged: list[tuple[str, str]] = []
+    for condition, config in rows:
+        if merged and merged[-1][1] == config:
+            before = merged[-1][0]
+            merged[-1] = (f"{before} or {condition}" if condition else "", config)
+        else:
+            merged.append((condition, config))
+    return tuple(merged)
 
 
 def _condition(max_m, max_mn) -> str:
