@@ -399,7 +399,7 @@ def rmsnorm_looped_kernel(
             lane = lane0 + tl.arange(0, BLOCK_N)[None, :]
             if INT64:
                 lane = lane.to(tl.int64)
-            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            mask = row_mask | (BLOCK_ROWS == 1)  # a one-row tile's row exists: no mask at all
             window = mask
             X_at = X_ptr + X_row + lane * X_stride1
             if SHIFT:
@@ -419,7 +419,7 @@ def rmsnorm_looped_kernel(
                 lane = lane.to(tl.int64)
                 col = col.to(tl.int64)
             col_mask = True  # every column in the row
-            mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row
+            mask = row_mask | (BLOCK_ROWS == 1)  # a one-row tile's row exists: no mask at all
             window = mask
             inner = mask
             X_at = X_ptr + X_row + lane * X_stride1

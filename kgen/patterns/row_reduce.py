@@ -171,7 +171,7 @@ _LANES = (
 # registers they take, on every element) ...
 INNER_LANES = _LANES + (
     "col_mask = True  # every column in the row",
-    "mask = row_mask | (BLOCK_ROWS == 1)  # a tile of one row is a row",
+    "mask = row_mask | (BLOCK_ROWS == 1)  # a one-row tile's row exists: no mask at all",
     "window = mask",
     "inner = mask",
 )
