@@ -225,6 +225,10 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
+        if checked.get(a, 1) * checked.get(b, 1) > 2**20:   # each a tensor of the kernel
+            raise ArgumentError(f"config: expected {a} * {b} at most 2**20 (Triton's largest tensor), "
+                                f"got {checked[a]} * {checked[b]}")
     if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
         raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
                             f"{checked['SPLIT_K']}, got TMA True")
@@ -302,7 +306,7 @@ def _group_max(a, b):
 
 
 def _group_len(*named):
-    """G, the number of problems: each list argument holds G tensors, G > 0."""
+    """G, the number of problems: each list argument holds G tensors, 0 < G <= _GROUP_MAX."""
     first, G = None, None
     for name, values in named:
         if not isinstance(values, (list, tuple)):
@@ -313,7 +317,13 @@ def _group_len(*named):
             first, G = name, len(values)
         elif len(values) != G:
             raise ArgumentError(f"{name}: expected a list of {G} tensors (as {first}), got {len(values)}")
+    if G > _GROUP_MAX:
+        raise ArgumentError(f"{first}: expected at most {_GROUP_MAX} problems, got {G}")
     return G
+
+
+# A grouped kernel holds every problem's tile count in one vector: Triton's largest tensor
+_GROUP_MAX = 2**20
 
 
 def _group_check(name, values, dtype, rank, declared):
@@ -587,6 +597,8 @@ def _group_offs(offs, G, device, source, T, rows):
         raise ArgumentError(f"offs: expected a 1-D int32 or int64 tensor of where each problem's rows end, got {got}")
     if G == 0:
         raise ArgumentError(f"{source}: expected at least one problem, got none")
+    if G > _GROUP_MAX:
+        raise ArgumentError(f"{source}: expected at most {_GROUP_MAX} problems, got {G}")
     if offs.shape[0] != G:
         raise ArgumentError(f"offs: expected {G} row ends (one per problem of {source}), got {offs.shape[0]}")
     if offs.layout is not torch.strided:
@@ -679,7 +691,8 @@ def grouped_linear_gelu_kernel(
         pid = tile_id - tile_start
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_pid_in_group = GROUP_M * num_pid_n
+        # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+        num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
         group_id = pid // num_pid_in_group
         first_pid_m = group_id * GROUP_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -796,7 +809,8 @@ def grouped_linear_gelu_tma_kernel(
         pid = tile_id - tile_start
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_pid_in_group = GROUP_M * num_pid_n
+        # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+        num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
         group_id = pid // num_pid_in_group
         first_pid_m = group_id * GROUP_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -883,7 +897,8 @@ def grouped_linear_gelu_moe_kernel(
         pid = tile_id - tile_start
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_pid_in_group = GROUP_M * num_pid_n
+        # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+        num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
         group_id = pid // num_pid_in_group
         first_pid_m = group_id * GROUP_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -957,7 +972,8 @@ def grouped_linear_gelu_moe_tma_kernel(
         pid = tile_id - tile_start
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_pid_in_group = GROUP_M * num_pid_n
+        # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+        num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
         group_id = pid // num_pid_in_group
         first_pid_m = group_id * GROUP_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_M)

@@ -225,6 +225,10 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
+        if checked.get(a, 1) * checked.get(b, 1) > 2**20:   # each a tensor of the kernel
+            raise ArgumentError(f"config: expected {a} * {b} at most 2**20 (Triton's largest tensor), "
+                                f"got {checked[a]} * {checked[b]}")
     if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
         raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
                             f"{checked['SPLIT_K']}, got TMA True")
@@ -321,7 +325,8 @@ def linear_gelu_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # tiles in groups of GROUP_M rows, walked column by column: programs that run
     # together share rows of X and columns of W in L2
-    num_pid_in_group = GROUP_M * num_pid_n
+    # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+    num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
     group_id = pid // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -402,7 +407,8 @@ def linear_gelu_split_k_kernel(
 @triton.jit
 def linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of a tile in the grouped order: GROUP_M rows of tiles, column by column."""
-    num_pid_in_group = GROUP_M * num_pid_n
+    # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
+    num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
     group_id = tile_id // num_pid_in_group
     first_pid_m = group_id * GROUP_M
     group_size_m = min(num_pid_m - first_pid_m, GROUP_M)

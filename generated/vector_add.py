@@ -220,6 +220,10 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
+        if checked.get(a, 1) * checked.get(b, 1) > 2**20:   # each a tensor of the kernel
+            raise ArgumentError(f"config: expected {a} * {b} at most 2**20 (Triton's largest tensor), "
+                                f"got {checked[a]} * {checked[b]}")
     if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
         raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
                             f"{checked['SPLIT_K']}, got TMA True")

@@ -533,6 +533,26 @@ def test_the_heuristic_names_each_config_once_in_a_row(schedule):
             assert pick(merged) == pick(unmerged)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("group_m", [2**30, 2**31 - 1])
+def test_a_group_m_past_the_rows_of_tiles_is_one_group(group_m, tma):
+    """GROUP_M takes any int32 by hand: past the rows of tiles it is one group, whose
+    programs-per-group count (GROUP_M times the columns of tiles) never overflows int32."""
+    k = kgen.compile(ROOT_SPECS / "matmul_leaky_relu.k")
+    grouped = kgen.compile(ROOT_SPECS / "grouped_gemm.k")
+    a, b = randn(64, 16).half(), randn(16, 64).half()
+    config = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=group_m, num_warps=4, num_stages=1, TMA=tma)
+    want = torch.nn.functional.leaky_relu(a.double() @ b.double(), 0.01)
+    assert_close(k(a, b, config=config), want, bound(a, b))
+    listed = dict(config, programs_per_sm=1)
+    problems = [(a, b), (a[:40], b[:, :48])]
+    for got, (x, y) in zip(grouped(*map(list, zip(*problems)), config=listed), problems):
+        assert_close(got, x.double() @ y.double(), bound(x, y))
+    offs = torch.tensor([40, 64], dtype=torch.int32, device=DEVICE)
+    got = grouped.moe(a, torch.stack([b, b]), offs=offs, config=listed)
+    assert_close(got, a.double() @ b.double(), bound(a, b))
+
+
 def test_schedule_flags():
     """SPLIT_K lists multiply the tiled candidates; WS and SUBTILE the persistent ones."""
     head = "kernel g(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {\n  C = A @ B\n}\n"

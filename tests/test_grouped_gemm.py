@@ -634,6 +634,18 @@ def test_a_list_beside_a_plain_tensor():
         compiled("C = A @ B")([randn(3, 4)], randn(4, 5))
 
 
+def test_more_problems_than_the_kernel_holds_are_refused():
+    """The kernel holds every problem's tile count in one vector, which Triton bounds at 2**20
+    elements: a group of more problems is a CallError before anything is built or launched."""
+    kernel, G = kgen.compile("specs/grouped_gemm.k"), 2**20 + 1
+    a, b = randn(4, 1).half(), randn(1, 1).half()
+    with pytest.raises(kgen.CallError, match=f"A: expected at most 1048576 problems, got {G}"):
+        kernel([a] * G, [b] * G)
+    offs = torch.full((G,), 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(kgen.CallError, match=f"expected at most 1048576 problems, got {G}"):
+        kernel.moe(a, b.expand(G, 1, 1), offs=offs)
+
+
 def test_moe_bad_offsets():
     k = compiled("C = A @ B")
     a, w = randn(10, 8), torch.randn(3, 8, 5, device=DEVICE)

@@ -555,6 +555,9 @@ def test_a_config_given_by_hand_that_does_not_fit_is_a_call_error():
                 for value in (2.0, True, "2", torch.tensor(2))]
         bad += [({**good, key: value}, f"{key} an int from 1 to {most}, got {value}")
                 for key, most, value in (("num_stages", 16, 17), ("SPLIT_K", 65535, 65536)) if key in good]
+        tiles = (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N"))
+        bad += [({**good, a: 2**11, b: 2**10}, rf"{a} \* {b} at most 2\*\*20 \(Triton's largest tensor\), "
+                 r"got 2048 \* 1024") for a, b in tiles if a in good]
         for config, words in bad:
             with pytest.raises(CallError, match=f"config: expected {words}"):
                 call(config)
