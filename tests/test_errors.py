@@ -324,7 +324,8 @@ CHAINS = {"clamp": (1, lambda s: f"clamp({s}, -40.0, 40.0)", lambda x: x.clamp(-
           "bf16 of i32": (2, lambda s: f"bf16(i32({s}))", lambda x: x.int().bfloat16().float())}
 
 
-@pytest.mark.parametrize("pattern", ["elementwise", "row reduction", "gemm prologue", "gemm epilogue"])
+@pytest.mark.parametrize("pattern", ["elementwise", "row reduction", "gemm prologue", "gemm epilogue",
+                                     "grouped epilogue"])
 @pytest.mark.parametrize("chain", CHAINS)
 def test_statements_nested_to_the_limit_run_in_every_pattern(chain, pattern):
     """Code nested deeper than Triton's compiler and interpreter recurse or Python's parser
@@ -342,15 +343,18 @@ def test_statements_nested_to_the_limit_run_in_every_pattern(chain, pattern):
     def ints(*shape, dtype=torch.float32):
         return torch.randint(-60, 60, shape, device=DEVICE).to(dtype)
     x, a, b = ints(4, 24), ints(16, 8), ints(8, 16, dtype=torch.float16)
+    small_a, small_b = a.half() / 8, b.clamp(-2, 2)   # products' sums below 256: exact
+    product = ref(small_a.float() @ small_b.float())
     body, params, args, want = {
         "elementwise": (f"Y = {deep('X')}", "X: f32[M, N]", (x,), ref(x)),
         "row reduction": (f"Y = X - max({deep('X')})", "X: f32[M, N]", (x,), x - ref(x).amax(-1, keepdim=True)),
         "gemm prologue": (f"Y = f16({deep('A')}) @ B", "A: f32[M, K], B: f16[K, N]", (a, b),
                           ref(a).half().float() @ b.float()),
-        "gemm epilogue": (f"Y = {deep('A @ B')}", "A: f16[M, K], B: f16[K, N]", (a.half() / 8, b.clamp(-2, 2)),
-                          ref(a.half().float() / 8 @ b.clamp(-2, 2).float())),   # sums below 256, bf16's exact
+        "gemm epilogue": (f"Y = {deep('A @ B')}", "A: f16[M, K], B: f16[K, N]", (small_a, small_b), product),
+        "grouped epilogue": (f"Y = {deep('A @ B')}", "A: [f16[M, K]], B: [f16[K, N]]", ([small_a], [small_b]),
+                             [product]),
     }[pattern]
-    k = kgen.compile(K(body, params, "Y: f32[M, N]"))
+    k = kgen.compile(K(body, params, "Y: [f32[M, N]]" if pattern.startswith("grouped") else "Y: f32[M, N]"))
     assert "_part1 = " in k.source
     torch.testing.assert_close(k(*args), want, atol=0, rtol=0)
 
