@@ -430,7 +430,7 @@ _GROUP_TABLES = {}
 _SHARED_MAX_G = 256
 
 
-def _group_table(device, M, N, K, tensors, config, vector):
+def _group_table(device, M, N, K, tensors, config, vector, unread=()):
     """A grouped GEMM's metadata: int64, the problems' tile ends (a running sum of tile
     counts), then a row per problem, [M, N, K, the tensors' addresses, their strides];
     built from what the host knows (no device sync) and copied to the device in one
@@ -439,12 +439,15 @@ def _group_table(device, M, N, K, tensors, config, vector):
     (addresses, the other strides, N and K are multiples of 16 bytes), EVEN_K, INT64, and
     G_BLOCK (the kernel holds the tile ends in a vector of G_BLOCK >= G).  And shared: whether
     the problems with tiles have the same N and K, each tensor the same strides, so that the
-    kernel may read those once and flatten its loops (at most _SHARED_MAX_G problems)."""
+    kernel may read those once and flatten its loops (at most _SHARED_MAX_G problems).
+    unread: (tensor, axis) pairs whose stride the kernel never reads (a per-row [M, 1]
+    operand's second), which neither the unit axis nor ALIGNED asks anything of."""
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     addresses = [tuple(map(torch.Tensor.data_ptr, values)) for _, values in tensors]
     strides = [tuple(map(torch.Tensor.stride, values)) for _, values in tensors]
     names = tuple((name, values[0].dtype) for name, values in tensors)
-    key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), names, *addresses, *strides)
+    key = (device, block_m, block_n, block_k, vector, tuple(M), tuple(N), tuple(K), names, unread, *addresses,
+           *strides)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     cached = _GROUP_TABLES.get(key)
     if cached is not None and capturing:   # the graph reads it at every replay: the cache may not free it
@@ -471,13 +474,13 @@ def _group_table(device, M, N, K, tensors, config, vector):
             shapes = [values[i].shape for i in present]
             ss = [per_stride[i] for i in present]
             shared = shared and len(set(ss)) <= 1
-            rank = len(per_stride[0])
-            unit = next((axis for axis in reversed(range(rank))
+            read = [axis for axis in range(len(per_stride[0])) if (name, axis) not in unread]
+            unit = next((axis for axis in reversed(read)
                          if all(s[axis] == 1 or shape[axis] <= 1 for s, shape in zip(ss, shapes))), -1)
             layout[f"{name}_UNIT"] = unit
             hint = max(1, 16 // values[0].element_size())
             aligned = aligned and all(per_address[i] % 16 == 0 for i in present) and \
-                all(stride % hint == 0 for s in ss for axis, stride in enumerate(s) if axis != unit)
+                all(s[axis] % hint == 0 for s in ss for axis in read if axis != unit)
             reach = max([reach, *(max(s, default=0) for s in ss)])
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
         layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),

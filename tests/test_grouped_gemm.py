@@ -336,6 +336,26 @@ def test_layout_constexprs():
     assert not layout["EVEN_K"] and not layout["ALIGNED"]                  # K = 60 is no multiple of 8 halfs
 
 
+def test_a_per_row_operand_keeps_the_group_aligned(monkeypatch):
+    """A per-row [M, 1] list operand: the kernel reads its first stride only, so its second (1
+    in a contiguous column, no multiple of 8) neither turns ALIGNED off nor takes the unit
+    axis, which is its first; the kernel then computes what torch does, transposed or sliced."""
+    h = torch.float16
+    k = kgen.compile("kernel g(A: [f16[M, K]], B: [f16[K, N]], s: [f16[M, 1]]) -> C: [f16[M, N]] "
+                     "{ C = (A @ B) * s }")
+    a, b = [randn(32, 64, dtype=h), randn(16, 128, dtype=h)], [randn(64, 48, dtype=h), randn(128, 8, dtype=h)]
+    tables = []
+    table = k.module._group_table
+    monkeypatch.setattr(k.module, "_group_table", lambda *args, **kw: tables.append(table(*args, **kw)) or tables[-1])
+    for s, unit, aligned in (([randn(32, 1, dtype=h), randn(16, 1, dtype=h)], 0, True),
+                             ([randn(1, 32, dtype=h).T, randn(1, 16, dtype=h).T], 0, True),
+                             ([randn(32, 3, dtype=h)[:, 1:2], randn(16, 3, dtype=h)[:, 1:2]], -1, False)):
+        got = k(a, b, s)
+        assert_group_close(got, [(x.double() @ y.double()) * z.double() for x, y, z in zip(a, b, s)], a, b)
+        layout = tables[-1][2]
+        assert (layout["s_UNIT"], layout["ALIGNED"]) == (unit, aligned), layout
+
+
 def test_problems_share_sizes_and_strides_where_every_problem_with_tiles_does():
     k = compiled("C = A @ B")
     h = torch.float16

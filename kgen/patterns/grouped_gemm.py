@@ -219,6 +219,7 @@ class GroupedPlan:
     allocate: str
     returns: str
     sizes: str                    # "M, N, K": the host's per-problem lists
+    table_unread: str             # ', unread=(("s", 1),)': strides the kernel never reads, or ""
     output_sizes: str             # "M, N": those the default config reads
     table_tensors: str            # '("A", A), ("B", B), ("C", C)'
     vector: int                   # elements of the operands in 16 bytes
@@ -315,6 +316,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         picked = f"_group_pick({t}_addresses, idx, g).to(tl.pointer_type({dtype.triton}))"
         table.append(TableTensor(t, pointer, strides, held, picked))
     units = tuple(f"{t}_UNIT" for t in names)
+    unread = [f'("{t}", {ax})' for t in names for ax in range(len(shapes[t])) if ax not in low.strides[t]]
     gemm._check_derived(kir, list(units) + [f"{t}_shapes" for t in names] + [f"{t}_addresses" for t in names])
 
     checks, sizes = _list_host(kir, low, params)
@@ -350,6 +352,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), output_sizes=", ".join(sizes[:2]),
         table_tensors=", ".join(f'("{t}", {t})' for t in names),
+        table_unread=f", unread=({', '.join(unread)},)" if unread else "",
         vector=vector, operand_bytes=max(params[t].dtype.bytes for t in low.tensors), scalars=low.scalars,
         units=units, width=len(columns),
         columns=_packed([f"{i}: {c}" for i, c in enumerate(columns)], 84),
