@@ -281,32 +281,39 @@ def test_show_reports_a_bad_spec(project, capsys):
     assert "error: specs/broken.k:2:9:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["caf\u00e9.k", "a\\b.k", "n\nl.k", "it's.k", os.fsdecode(b"odd\xff.k"), "-x.k"],
-                         ids=["accent", "backslash", "newline", "quote", "not-utf8", "dash"])
-def test_rebuild_commands_are_printable_lines_that_a_shell_runs(project, name):
+ODD_NAMES = ["caf\u00e9.k", "a\\b.k", "n\nl.k", "it's.k", os.fsdecode(b"odd\xff.k"), "-x.k"]
+
+
+def _bash_words(command: str) -> list[str]:
+    """The arguments bash makes of ``command``, as the file names they are."""
+    words = subprocess.run(["bash", "-c", f"printf '%s\\0' {command}"], capture_output=True, timeout=60).stdout
+    return [os.fsdecode(w) for w in words.split(b"\0")[:-1]]
+
+
+def test_rebuild_commands_are_printable_lines_that_a_shell_runs(project, capsys):
     """The header's rebuild command and the one --check ends with are one line of printable
-    ASCII whatever the spec's name (bash's $'...' for bytes past it); run by bash, each rebuilds."""
-    folder = project / "odd"
-    folder.mkdir()
-    shutil.copy(project / "specs" / "vector_add.k", folder / name)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "PYTHONIOENCODING": "utf-8"}   # a name that is not UTF-8 prints escaped
-    assert kgen_cli("build", f"odd/{name}", "-o", "out", cwd=project, env=env).returncode == 0
-    module = folder.parent / "out" / (name[:-2] + ".py")
-    header = module.read_bytes().decode("ascii").splitlines()[2]
-    command = header.split("run `kgen build ", 1)[1].removesuffix("`.")
-    kgen = f"{shlex.quote(sys.executable)} -m kgen build"
-    rebuild = subprocess.run(["bash", "-c", f"{kgen} {command} --check"], cwd=project, capture_output=True,
-                             text=True, timeout=120, env={**os.environ, **env})
-    assert rebuild.returncode == 0 and "1 generated file(s) up to date" in rebuild.stdout, rebuild.stderr
-    module.unlink()
-    check = kgen_cli("build", f"odd/{name}", "-o", "out", "--check", cwd=project, env=env)
-    last = check.stdout.splitlines()[-1]
-    assert check.returncode == 1 and last.isascii() and last.isprintable(), check.stdout
-    command = last.split("run: kgen build ", 1)[1]
-    rebuild = subprocess.run(["bash", "-c", f"{kgen} {command}"], cwd=project, capture_output=True, text=True,
-                             timeout=120, env={**os.environ, **env})
-    assert rebuild.returncode == 0 and module.exists(), rebuild.stderr
+    ASCII whatever the spec's name (bash's $'...' for bytes past it, a non-UTF-8 one too); the
+    words bash makes of each rebuild the modules."""
+    (project / "odd").mkdir()
+    specs = [f"odd/{name}" for name in ODD_NAMES]
+    for spec in specs:
+        shutil.copy(project / "specs" / "vector_add.k", project / spec)
+    assert main(["build", *specs, "-o", "out"]) == 0
+    for name, spec in zip(ODD_NAMES, specs):
+        header = (project / "out" / (name[:-2] + ".py")).read_bytes().decode("ascii").splitlines()[2]
+        words = _bash_words(header.split("run `kgen build ", 1)[1].removesuffix("`."))
+        assert words == [spec, "-o", "out"], (header, words)
+        capsys.readouterr()
+        assert main(["build", *words, "--check"]) == 0 and "1 generated file(s) up to date" in capsys.readouterr().out
+    for module in (project / "out").iterdir():
+        module.unlink()
+    capsys.readouterr()
+    assert main(["build", *specs, "-o", "out", "--check"]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.isascii() and last.isprintable(), last
+    words = _bash_words(last.split("run: kgen build ", 1)[1])
+    assert words == [*specs, "-o", "out"] and main(["build", *words]) == 0
+    assert sorted(p.name for p in (project / "out").iterdir()) == sorted(name[:-2] + ".py" for name in ODD_NAMES)
 
 
 def test_generated_source_is_deterministic(project):
