@@ -257,9 +257,8 @@ def _check_schedules(module: S.Module) -> None:
             keys.add(c.key.id)
             listed = set()
             for v in c.values:   # a candidate listed twice would be tuned twice
-                value = repr(v.value) if isinstance(v, S.Number) else v.id
+                value, shown = (repr(v.value), v.text) if isinstance(v, S.Number) else (v.id, v.id)
                 if value in listed:
-                    shown = v.text if isinstance(v, S.Number) else v.id
                     raise SpecError(f"{shown[:24]} is listed twice for '{c.key.id}'", v.span)
                 listed.add(value)
 

@@ -145,12 +145,11 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
                     for o, i in zip(operands, node.inputs)]
     if exact and node.dtype.is_float:
         operands = [_widen(o, ints_too=True) for o in operands]
-    elif exact and node.op in COMPARISONS and result_type(*node.inputs).is_float:
+    elif exact and node.op in COMPARISONS and (common := result_type(*node.inputs)).is_float:
         # compared as the kernel and torch compare them: each side rounded to the dtype they meet
         # in (f32 x == 0.1 holds for x = f32(0.1); i32 16777217 == f32 16777216.0 holds)
-        common = result_type(*node.inputs).torch
-        operands = [torch.as_tensor(o, dtype=torch.float64).to(common) if not isinstance(o, torch.Tensor)
-                    else o.to(common) for o in operands]
+        operands = [torch.as_tensor(o, dtype=torch.float64).to(common.torch) if not isinstance(o, torch.Tensor)
+                    else o.to(common.torch) for o in operands]
     if node.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         result = REFERENCE_OPS[node.op](operands[0], node.arg)
     elif node.op is Op.CLAMP:
