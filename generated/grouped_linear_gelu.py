@@ -821,11 +821,9 @@ def grouped_linear_gelu_tma_kernel(
         pid_n = (pid % num_pid_in_group) // group_size_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         if INT64:  # offsets past 2**31 elements
             offs_m = offs_m.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
-            offs_k = offs_k.to(tl.int64)
         if A_T:
             X_desc = tl.make_tensor_descriptor(
                 X_ptr, shape=[K, M], strides=[X_stride1, 1], block_shape=[BLOCK_K, BLOCK_M])
@@ -984,11 +982,9 @@ def grouped_linear_gelu_moe_tma_kernel(
         pid_n = (pid % num_pid_in_group) // group_size_m
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         if INT64:  # offsets past 2**31 elements
             offs_m = offs_m.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
-            offs_k = offs_k.to(tl.int64)
         # TMA loads: zeros past every edge of the descriptors, nothing to mask until the store
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):

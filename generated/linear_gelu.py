@@ -405,7 +405,7 @@ def linear_gelu_split_k_kernel(
 
 
 @triton.jit
-def linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def _linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of a tile in the grouped order: GROUP_M rows of tiles, column by column."""
     # (a GROUP_M past num_pid_m is one group: min() keeps the product within int32)
     num_pid_in_group = min(GROUP_M, num_pid_m) * num_pid_n
@@ -435,7 +435,7 @@ def linear_gelu_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter, as in Triton tutorial 09
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _linear_gelu_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             if A_T:
@@ -448,7 +448,7 @@ def linear_gelu_tma_kernel(
                 W = W_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(X, W, acc)
         tile_id_c += NUM_SMS
-        pid_m, pid_n = linear_gelu_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _linear_gelu_tile(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT64:  # offsets past 2**31 elements

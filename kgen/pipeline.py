@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .check import Arg, check
 from .parse import parse, too_deep
 from .patterns import classify
-from .render import defined_once, render
+from .render import defined_once, render, shadows_nothing
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ def generate(text: str, path: str = "<string>", args: dict[str, tuple[Arg, ...]]
             plans = tuple(classify(k) for k in kernels)
             source = render(plans, path, text, out)
             defined_once(source, kernels)
+            shadows_nothing(source, kernels)
             return Generated(source, plans, kernels)
         except RecursionError:  # a statement nested deeper than Python's stack
             raise too_deep(text, path) from None

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import tokenize
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -158,6 +159,38 @@ def defined_once(source: str, kernels) -> None:
             other = f"kernel '{owners[0].name}'" if len(owners) > 1 else "another kernel"
             raise SpecError(f"kernel '{culprit.name}': its generated {name} is also generated for {other}; "
                             f"rename one of them", culprit.span)
+
+
+def shadows_nothing(source: str, kernels) -> None:
+    """No function of the module binds a name of a function that the module defines and calls
+    (``_f_tile``, which kernel f's persistent kernel calls): a spec's value of that name would be
+    a parameter or local there, in the way of the call.  An error at the value."""
+    clashes = hidden_calls(source)
+    for k in kernels:
+        for name in sorted(clashes):
+            spans = [p.span for p in k.params if p.name == name] + [s.span for s in k.stmts if s.name == name]
+            if spans or any(name == d for p in k.params for d in (p.shape or ())):
+                # (a statement's or parameter's span starts at its name: the caret takes the name)
+                at = replace(spans[0], end_line=spans[0].line, end_col=spans[0].col + len(name)) \
+                    if spans and spans[0] else k.span
+                raise SpecError(f"'{name}' cannot name a value: the generated module calls its own {name} for "
+                                f"kernel '{k.name}'; choose another name", at)
+
+
+def hidden_calls(source: str) -> set[str]:
+    """The names of the module's own functions that it calls (``f(...)``, ``f[grid](...)``)
+    and that one of its functions binds as a parameter or local, where it hides them."""
+    tree = ast.parse(source)
+    callees = (n.func.value if isinstance(n.func, ast.Subscript) else n.func for n in ast.walk(tree)
+               if isinstance(n, ast.Call))
+    called = {callee.id for callee in callees if isinstance(callee, ast.Name)}
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} & called
+    found = set()
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        bound = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        bound |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        found |= bound & defined
+    return found
 
 
 def _tidy(source: str) -> str:

@@ -591,7 +591,7 @@ def test_generated_source_reads_like_tutorial_03():
                  "C = leaky_relu(acc, alpha)",
                  "def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):"]:
         assert line in source, line
-    body = source[source.index("def matmul_leaky_relu_kernel"):source.index("def matmul_leaky_relu_tile")]
+    body = source[source.index("def matmul_leaky_relu_kernel"):source.index("def _matmul_leaky_relu_tile")]
     assert body.count("tl.store(") == 1
     imports = {line for line in source.splitlines() if line.startswith(("import", "from"))}
     assert imports <= {"import torch", "import triton", "import triton.language as tl", "import math"}

@@ -7,6 +7,7 @@ import ast
 import os
 import re
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from kgen import dtypes as D
 from kgen.check import Arg
 from kgen.parse import parse
 from kgen.pipeline import generate
+from kgen.render import hidden_calls
 
 VALID = [
     "kernel softmax(X: f16[M, N]) -> Y: f16[M, N] {\n    m = max(X, axis=-1)\n    e = exp(X - m)\n"
@@ -313,6 +315,27 @@ def test_a_kernel_named_like_anothers_generated_code(suffix, first, second):
         args = (xs, bs) if kind == "grouped_gemm" else (x, b) if kind == "gemm" else (x,)
         got, want = kernels[name](*args), KERNEL_BODIES[kind][1](x, b, xs, bs)
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("suffix", ["", *_derived_suffixes()])
+@pytest.mark.parametrize("pattern", sorted(VALUE_SPECS))
+def test_a_value_named_like_its_kernels_generated_code(pattern, suffix):
+    """A value of kernel f named as the module names f's code (f, f_configs, f_moe, ...) is
+    refused at its name, or hides from no function of the module a function the module calls:
+    a persistent GEMM kernel with a local f_tile once called its helper f_tile through it."""
+    name = f"f{suffix}"
+    try:
+        source = generate(VALUE_SPECS[pattern].format(name=name)).source
+    except kgen.KgenError as e:
+        assert f"'{name}'" in str(e), str(e)
+        return
+    assert not hidden_calls(source)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "generated").glob("*.py")),
+                         ids=lambda p: p.stem)
+def test_generated_functions_hide_no_module_name(path):
+    assert not hidden_calls(path.read_text())
 
 
 @pytest.mark.parametrize("comment", ["\rimport os", "\x0cimport os", "\x0bimport os", "\u2028import os",
