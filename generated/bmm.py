@@ -164,16 +164,9 @@ def _cdiv(a, b):
 
 
 # What a config= given by hand may hold, key by key: (least, most, a power of two) for
-# numbers, None for flags.  A tl.dot's tiles are at least 16 and a block at most 2**20 elements
-# (Triton's largest tensor); zero GROUP_M or SPLIT_K would divide by zero or launch nothing, and
-# SPLIT_K programs run on the grid's second axis, which CUDA bounds at 65535; num_warps and
-# num_stages take the values a schedule takes.
-_CONFIG_KINDS = {
-    "BLOCK_M": (16, 2**20, True), "BLOCK_N": (16, 2**20, True), "BLOCK_K": (16, 2**20, True),
-    "BLOCK_SIZE": (1, 2**20, True), "num_warps": (1, 32, True), "num_stages": (1, 16, False),
-    "GROUP_M": (1, 2**31 - 1, False), "SPLIT_K": (1, 65535, False), "programs_per_sm": (1, 2**31 - 1, False),
-    "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
-}
+# numbers, None for flags.  A block is at most 2**20 elements (Triton's largest tensor);
+# num_warps and num_stages take the values a schedule takes.
+_CONFIG_KINDS = {"BLOCK_SIZE": (1, 2**20, True), "num_warps": (1, 32, True), "num_stages": (1, 16, False)}
 
 
 def _config_int(value):
@@ -195,8 +188,8 @@ class _Checked(dict):
         return _Checked, (dict(self),)
 
 
-def _check_config(config, required, optional):
-    """The config as a _Checked dict of ints and bools, checked key by key."""
+def _check_config(config, required, optional, kinds=_CONFIG_KINDS):
+    """The config as a _Checked dict of ints and bools, checked key by key against kinds."""
     if type(config) is _Checked:
         return config
     if not isinstance(config, dict):
@@ -208,7 +201,7 @@ def _check_config(config, required, optional):
     for key, value in config.items():
         if key not in required and key not in optional:
             raise ArgumentError(f"config: expected keys among {', '.join(required + optional)}, got {key!r}")
-        kind, number = _CONFIG_KINDS[key], _config_int(value)
+        kind, number = kinds[key], _config_int(value)
         if kind is None:
             if not isinstance(value, bool) and number not in (0, 1):
                 raise ArgumentError(f"config: expected {key} True or False, got {value!r}")
@@ -220,6 +213,24 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
+    return _Checked(checked)
+
+
+# ... and a GEMM's: a tl.dot's tiles are at least 16; zero GROUP_M or SPLIT_K would divide by
+# zero or launch nothing, and SPLIT_K programs run on the grid's second axis, which CUDA
+# bounds at 65535
+_TILE_CONFIG_KINDS = {
+    **_CONFIG_KINDS, "BLOCK_M": (16, 2**20, True), "BLOCK_N": (16, 2**20, True), "BLOCK_K": (16, 2**20, True),
+    "GROUP_M": (1, 2**31 - 1, False), "SPLIT_K": (1, 65535, False), "programs_per_sm": (1, 2**31 - 1, False),
+    "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
+}
+
+
+def _check_tile_config(config, required, optional):
+    """_check_config for a GEMM's tiles, and what its keys ask of each other."""
+    if type(config) is _Checked:
+        return config
+    checked = _check_config(config, required, optional, _TILE_CONFIG_KINDS)
     for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
         if checked.get(a, 1) * checked.get(b, 1) > 2**20:   # each a tensor of the kernel
             raise ArgumentError(f"config: expected {a} * {b} at most 2**20 (Triton's largest tensor), "
@@ -231,7 +242,7 @@ def _check_config(config, required, optional):
         # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
         raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "
                             f"got {checked['num_warps']}")
-    return _Checked(checked)
+    return checked
 
 
 def _vec(n):
@@ -443,8 +454,8 @@ def bmm(A, W, scale, R, *, out=None, config=None):
     C, = _outputs(out, device, (("A", A), ("W", W), ("scale", scale), ("R", R)),
                   ("C", (B, M, N), torch.float16))
     if config is not None:   # checked where nothing is launched too: a bad config is a bad call
-        config = _check_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-                               ("SPLIT_K",))
+        config = _check_tile_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+                                    ("SPLIT_K",))
     if C.numel() == 0:
         return C
     if config is None:

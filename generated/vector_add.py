@@ -164,16 +164,9 @@ def _cdiv(a, b):
 
 
 # What a config= given by hand may hold, key by key: (least, most, a power of two) for
-# numbers, None for flags.  A tl.dot's tiles are at least 16 and a block at most 2**20 elements
-# (Triton's largest tensor); zero GROUP_M or SPLIT_K would divide by zero or launch nothing, and
-# SPLIT_K programs run on the grid's second axis, which CUDA bounds at 65535; num_warps and
-# num_stages take the values a schedule takes.
-_CONFIG_KINDS = {
-    "BLOCK_M": (16, 2**20, True), "BLOCK_N": (16, 2**20, True), "BLOCK_K": (16, 2**20, True),
-    "BLOCK_SIZE": (1, 2**20, True), "num_warps": (1, 32, True), "num_stages": (1, 16, False),
-    "GROUP_M": (1, 2**31 - 1, False), "SPLIT_K": (1, 65535, False), "programs_per_sm": (1, 2**31 - 1, False),
-    "TMA": None, "WS": None, "SUBTILE": None, "FLATTEN": None,
-}
+# numbers, None for flags.  A block is at most 2**20 elements (Triton's largest tensor);
+# num_warps and num_stages take the values a schedule takes.
+_CONFIG_KINDS = {"BLOCK_SIZE": (1, 2**20, True), "num_warps": (1, 32, True), "num_stages": (1, 16, False)}
 
 
 def _config_int(value):
@@ -195,8 +188,8 @@ class _Checked(dict):
         return _Checked, (dict(self),)
 
 
-def _check_config(config, required, optional):
-    """The config as a _Checked dict of ints and bools, checked key by key."""
+def _check_config(config, required, optional, kinds=_CONFIG_KINDS):
+    """The config as a _Checked dict of ints and bools, checked key by key against kinds."""
     if type(config) is _Checked:
         return config
     if not isinstance(config, dict):
@@ -208,7 +201,7 @@ def _check_config(config, required, optional):
     for key, value in config.items():
         if key not in required and key not in optional:
             raise ArgumentError(f"config: expected keys among {', '.join(required + optional)}, got {key!r}")
-        kind, number = _CONFIG_KINDS[key], _config_int(value)
+        kind, number = kinds[key], _config_int(value)
         if kind is None:
             if not isinstance(value, bool) and number not in (0, 1):
                 raise ArgumentError(f"config: expected {key} True or False, got {value!r}")
@@ -220,17 +213,6 @@ def _check_config(config, required, optional):
             raise ArgumentError(f"config: expected {key} {what} from {kind[0]} to {kind[1]}, got {number}")
         else:
             checked[key] = number
-    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
-        if checked.get(a, 1) * checked.get(b, 1) > 2**20:   # each a tensor of the kernel
-            raise ArgumentError(f"config: expected {a} * {b} at most 2**20 (Triton's largest tensor), "
-                                f"got {checked[a]} * {checked[b]}")
-    if checked.get("TMA") and checked.get("SPLIT_K", 1) > 1:   # the TMA kernel takes each tile whole
-        raise ArgumentError(f"config: SPLIT_K is an option of the tiled kernel: expected TMA False with SPLIT_K "
-                            f"{checked['SPLIT_K']}, got TMA True")
-    if checked.get("WS") and checked.get("BLOCK_M", 0) >= 128 and checked.get("num_warps", 8) < 8:
-        # warp-specialized 128-row tiles in 4 warps compile, then never finish (H100, Triton 3.6)
-        raise ArgumentError("config: expected num_warps 8 for WS with a BLOCK_M of 128 or more, "
-                            f"got {checked['num_warps']}")
     return _Checked(checked)
 
 

@@ -57,8 +57,8 @@ TRITON_OPS: dict[Op, tuple[str, int, tuple[int, ...]]] = {
 # Helpers each op needs, in the order the module defines them (a helper before its users).
 HELPERS = ("exp2", "sqrt", "rsqrt", "sin", "tanh", "gelu", "gelu_tanh", "silu", "softplus", "leaky_relu", "powf",
            "pow_number", "pow_int",
-           "max_combine", "min_combine", "check_config", "bf16_dot", "vec", "num_sms", "tma_host", "launch_rows",
-           "launch_split", "group_host")
+           "max_combine", "min_combine", "check_config", "check_tile_config", "bf16_dot", "vec", "num_sms", "tma_host",
+           "launch_rows", "launch_split", "group_host")
 _NEEDS = {Op.EXP2: ("exp2",), Op.SQRT: ("sqrt",), Op.RSQRT: ("rsqrt",), Op.SIN: ("sin",),
           Op.TANH: ("tanh",), Op.GELU: ("gelu",), Op.GELU_TANH: ("tanh", "gelu_tanh"),
           Op.SILU: ("silu",), Op.SOFTPLUS: ("softplus",), Op.LEAKY_RELU: ("leaky_relu",),
@@ -159,15 +159,16 @@ def config_text(config: dict) -> str:
     return f"dict({', '.join(f'{k}={v!r}' for k, v in config.items())})"
 
 
-def config_check(required: tuple[str, ...], optional: tuple[str, ...], indent: int = 8) -> str:
-    """The host line that checks a ``config=`` given by the call (the check_config helper),
-    printed at ``indent``: ``config = _check_config(config, ("BLOCK_SIZE", "num_warps"), ())``."""
+def config_check(required: tuple[str, ...], optional: tuple[str, ...], indent: int = 8, tiles: bool = False) -> str:
+    """The host line that checks a ``config=`` given by the call (the check_config helper, or
+    check_tile_config's for a GEMM's ``tiles``), printed at ``indent``:
+    ``config = _check_config(config, ("BLOCK_SIZE", "num_warps"), ())``."""
     def keys(names: tuple[str, ...]) -> str:
         if not all(k.isidentifier() for k in names):
             raise TypeError(f"not config keys: {names!r}")
         quoted = ", ".join('"' + k + '"' for k in names)
         return f"({quoted},)" if len(names) == 1 else f"({quoted})"
-    call = "config = _check_config("
+    call = f"config = _check{'_tile' if tiles else ''}_config("
     line = f"{call}config, {keys(required)}, {keys(optional)})"
     if indent + len(line) <= 100:
         return line

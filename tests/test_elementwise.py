@@ -1015,6 +1015,12 @@ def test_large_contiguous_calls_take_sixteen_warps(watch, monkeypatch):
               out=meta(rows, 4096, dtype=torch.float16))
     assert _block(launches) == (1024, 4)
 
+    scaled = kgen.compile("Y = X * s")      # a 0-dim operand: one load, the flat path all the same
+    scaled(torch.randn(2, 3, device=DEVICE), torch.tensor(2.0, device=DEVICE))
+    launches = _meta_launches(scaled._last.module, watch, monkeypatch)
+    scaled(meta(rows, 4096), torch.empty((), device="meta"), out=meta(rows, 4096))
+    assert _block(launches) == (1024, 16) and launches.kwargs[-1]["CONTIGUOUS"] is True
+
     scheduled = kgen.compile("""kernel twice(x: f32[N]) -> y: f32[N] {
     y = x * 2
 }
@@ -1025,6 +1031,18 @@ schedule twice {
     launches = _meta_launches(scheduled.module, watch, monkeypatch)
     scheduled(meta(n), out=meta(n))
     assert _block(launches) == (512, 4)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_one_element_operands_take_the_flat_path(shape, device):
+    """An operand of one element (0-dim, or every dim 1) beside full ones: the flat path where
+    the others are contiguous, the strided one where not, both right."""
+    k = kgen.compile("Y = X * s + Z")
+    x, z = torch.randn(5, 7, device=device), torch.randn(7, 5, device=device).T
+    s = torch.randn(shape, device=device)
+    for a, b in ((x, x.contiguous()), (x, z)):
+        torch.testing.assert_close(k(a, s, b), a * s + b)
+    assert "if CONTIGUOUS:" in k.source
 
 
 @pytest.mark.gpu

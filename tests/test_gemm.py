@@ -477,9 +477,12 @@ def test_split_k_over_a_batch_past_a_grid_axis():
     assert_close(got, a.double() @ b.double() + 1, bound(a, b))
 
 
-def test_split_k_int64_offsets(monkeypatch):
+@pytest.mark.parametrize("batch", [(2,), ()])
+def test_split_k_int64_offsets(monkeypatch, batch):
+    """Under INT64 the partials' offsets are int64 (in 2-D, the partial row pid_k * M + m
+    cast from the slice's index)."""
     k = compiled("C = A @ B + R")
-    a, b, r = randn(2, 33, 40), randn(40, 35), randn(2, 33, 35)
+    a, b, r = randn(*batch, 33, 40), randn(40, 35), randn(*batch, 33, 35)
     k(a, b, r)
     module = k._last.module
     monkeypatch.setattr(module, "_needs_int64", lambda *ts: True)
@@ -1141,11 +1144,12 @@ def test_every_candidate_is_what_its_hosts_check_makes_of_it(spec):
         for tuner, host in ((k._tuner, k._host), (k._moe_tuner, k._moe_host)):
             if tuner is None:   # no MoE form
                 continue
-            call = re.search(r"_check_config\(config, (\([^)]*\)),\s*(\([^)]*\))\)", inspect.getsource(host))
-            required, optional = ast.literal_eval(call[1]), ast.literal_eval(call[2])
+            call = re.search(r"(_check(?:_tile)?_config)\(config, (\([^)]*\)),\s*(\([^)]*\))\)",
+                             inspect.getsource(host))
+            required, optional = ast.literal_eval(call[2]), ast.literal_eval(call[3])
             assert tuner.checked is k.module._Checked and tuner.tuning.configs
             for config in tuner.tuning.configs:
-                checked = k.module._check_config(dict(config), required, optional)
+                checked = getattr(k.module, call[1])(dict(config), required, optional)
                 assert [(key, value, type(value)) for key, value in checked.items()] == \
                     [(key, value, type(value)) for key, value in config.items()]
 

@@ -133,7 +133,7 @@ class ElementwisePlan:
         if self.wide_block:
             wide_from = f"2**{WIDE_FROM.bit_length() - 1}"
             text = f"({self.wide_block}, {WIDE_WARPS}) if contiguous and n_elements >= {wide_from} else {text}"
-        return text
+        return text.removeprefix("(").removesuffix(")") if text == f"({block}, {warps})" else text
 
     @property
     def block_note(self) -> tuple[str, ...]:
@@ -191,8 +191,9 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
                     for o in kir.outputs)
     body = statement_lines(kir, [computed[o.name] for o in kir.outputs], names)
     blocks, candidates = _schedule(kir)
-    # no flat path when every axis has size 1: there are no offsets to take
-    flat = rank > 0 and all(op.full for op in inputs) and not outputs[0].scalar
+    # no flat path when every axis has size 1: there are no offsets to take; an operand of one
+    # element (a 0-dim tensor) is one load on either path
+    flat = rank > 0 and all(op.full or op.scalar for op in inputs) and not outputs[0].scalar
     widest = max([kir.nodes[op.name].dtype.bytes for op in inputs] + [o.node.dtype.bytes for o in kir.outputs])
     wide = flat and blocks == DEFAULT_BLOCKS and not candidates   # a schedule's blocks are the spec's choice
     return ElementwisePlan(

@@ -350,8 +350,8 @@ def match(kir: KernelIR) -> GemmPlan | None:
         + (("partials_ptr",) if split_k else ()),
         strides=stride_lines, batched=batched, a=low.a, b=low.b, dot=low.dot,
         int64_casts=low.int64_casts, loads=low.loads, body=low.body, stores=low.stores,
-        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(bf16_check(low)) + ("vec",)
-        + (("num_sms", "tma_host") if tma else ()),
+        helpers=helpers_for(low.nodes) + ("check_config", "check_tile_config") + ("bf16_dot",) * bool(bf16_check(low))
+        + ("vec",) + (("num_sms", "tma_host") if tma else ()),
         sizes=sizes, batch=str(out_shape[0]) if batched else "",
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
@@ -361,7 +361,7 @@ def match(kir: KernelIR) -> GemmPlan | None:
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
         operands=(a_name, b_name), interpreter=config_text(_config(INTERPRETER_CONFIG)),
-        config_check=config_check(CONFIG_KEYS, flags),
+        config_check=config_check(CONFIG_KEYS, flags, tiles=True),
         scheduled=any(k in SCHEDULE_KEYS and k not in ("TMA", "input_precision") for k in kir.schedule),
         # timed on the GPU alone (graphs), as the grouped GEMM's: TMA's extra host work aside
         # (timed only from TMA_MIN_FLOP, where the GPU's time hides it), every config costs the
@@ -727,7 +727,7 @@ def _ws_hangs(block_m: int, num_warps: int) -> bool:
     return block_m >= 128 and num_warps < 8
 
 
-# The most SPLIT_K the host's _check_config takes (a tuned candidate passes that check too):
+# The most SPLIT_K the host's _check_tile_config takes (a tuned candidate passes that check too):
 # CUDA's programs along a grid's second axis
 MAX_SPLIT_K = 65535
 

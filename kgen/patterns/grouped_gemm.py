@@ -346,7 +346,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     return GroupedPlan(
         name=kir.name, summary=summary, a=low.a, b=low.b, dot=low.dot, loads=low.loads, body=low.body,
         stores=low.stores,
-        helpers=helpers_for(low.nodes) + ("check_config",) + ("bf16_dot",) * bool(gemm.bf16_check(low))
+        helpers=helpers_for(low.nodes) + ("check_config", "check_tile_config")
+        + ("bf16_dot",) * bool(gemm.bf16_check(low))
         + ("num_sms", "tma_host", "group_host"),
         operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
@@ -361,7 +362,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         heuristic=tuple(("" if limit is None else f"work <= {limit}", config_text(_config(c)))
                         for limit, c in rows),
         interpreter=config_text(_config(INTERPRETER_CONFIG)),
-        config_check=config_check(gemm.CONFIG_KEYS, ("programs_per_sm", "FLATTEN") + ("TMA",) * plan_tma),
+        config_check=config_check(gemm.CONFIG_KEYS, ("programs_per_sm", "FLATTEN") + ("TMA",) * plan_tma,
+                                  tiles=True),
         scheduled=any(k in CONFIG_KEYS for k in kir.schedule),
         # timed on the GPU alone (graphs): every config costs the host the same per call but
         # TMA's, which is timed only for groups large enough to hide it (TMA_MIN_FLOP)
