@@ -329,7 +329,8 @@ def _allocating(what: str, fn, *args):
     try:
         return fn(*args)
     except (RuntimeError, MemoryError) as e:
-        raise KgenError(f"cannot {what}: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
+        line = (str(e).splitlines() or [type(e).__name__])[0]
+        raise KgenError(f"cannot {what}: {line if len(line) <= 300 else line[:300] + '...'}") from None
 
 
 def _bytes(tensors) -> int:
@@ -451,15 +452,16 @@ def _checked_bench_args(args) -> tuple[str, str, D.DType | None, list[dict]] | N
 
 
 def _check_suite_options(args) -> None:
-    """A suite times its own specs, shapes and dtypes, always against torch.compile, and draws no
-    plot: an option it would ignore is refused rather than dropped."""
+    """A suite times its own specs, shapes and dtypes, against torch.compile but for the grouped
+    suite, and draws no plot: an option it would ignore is refused rather than dropped."""
     suite = f"--suite {args.suite}"
     if args.path is not None:
         raise KgenError(f"kgen bench: give a spec ({args.path}) or {suite}, not both: a suite times the "
                         f"repository's specs")
     ignored = [("--shape", args.shape, "times its own shapes"), ("--dtype", args.dtype, "times its own dtypes"),
                ("--plot", args.plot, "draws no plot (--json writes its rows)"),
-               ("--no-compile", args.no_compile, "always times torch.compile")]
+               ("--no-compile", args.no_compile, "times no torch.compile baseline" if args.suite == "grouped"
+                else "always times torch.compile")]
     for option, given, why in ignored:
         if given:
             raise KgenError(f"{option}: {suite} {why}; it takes no {option}")

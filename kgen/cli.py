@@ -69,12 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="generate <out>/<stem>.py from .k files or folders")
     b.add_argument("paths", nargs="+")
     b.add_argument("-o", "--out", default="generated", help="output folder (default: generated)")
-    b.add_argument("--check", action="store_true", help="write nothing; fail if a generated file is stale or missing")
+    b.add_argument("--check", action="store_true",
+                   help="write nothing; fail if a generated file is stale, missing or orphaned")
     b.add_argument("--force", action="store_true", help="overwrite files that kgen did not generate")
 
     s = sub.add_parser("show", help="print a stage of the pipeline")
     s.add_argument("path")
-    s.add_argument("--emit", choices=("ast", "ir", "triton"), default="triton")
+    s.add_argument("--emit", choices=("ast", "ir", "triton"), default="triton",
+                   help="the syntax tree, the typed IR or the Triton source (default: triton)")
 
     r = sub.add_parser("run", help="run on random data and compare with the float64 reference")
     r.add_argument("path")
@@ -89,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--suite", choices=SUITE_NAMES, default=None,
                    help="the repository's specs against PyTorch's library calls (README: Performance)")
     n.add_argument("--shape", action="append", default=[], help="a point to time, e.g. M=4096,N=1024 (repeatable)")
-    n.add_argument("--dtype", default=None)
+    n.add_argument("--dtype", default=None,
+                   help="the dtype (f16, bf16, f32) of every floating tensor parameter and output")
     n.add_argument("--json", default=None, help="write the rows as JSON")
     n.add_argument("--plot", default=None, help="draw the rows into an image (.png, .svg, .pdf, ...; needs matplotlib)")
     n.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")

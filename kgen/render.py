@@ -99,8 +99,10 @@ def render(plans, path: str, text: str, out: str | None = None) -> str:
     folder = None if out is None else _relative(out)
     if folder not in (None, "generated"):
         command += f" -o {shell_word(folder)}"
+    # a spec given as text (kgen.compile("C = A @ B")) has no file to build from
+    rebuild = "compile it again" if path == "<string>" else f"run `kgen build {command}`"
     source = environment().get_template("module.jinja").render(
-        version=__version__, path=comment_safe(path), command=command, sha=spec_hash(text),   # printable ASCII
+        version=__version__, path=comment_safe(path), rebuild=rebuild, sha=spec_hash(text),   # printable ASCII
         plans=plans, helpers=helpers)
     return _wrap(_drop_unread(_tidy(source)))
 

@@ -13,6 +13,7 @@ import builtins
 import hashlib
 import importlib.machinery
 import importlib.util
+import inspect
 import linecache
 import os
 import signal
@@ -249,6 +250,9 @@ class Kernel:
             if tuner is not None:
                 tuner.forget()
             if isinstance(e, TypeError) and e.__traceback__.tb_next is None:  # raised binding the arguments
+                if "config" in kwargs and "config" not in inspect.signature(host).parameters:   # row reductions
+                    raise CallError(f"{label}: config: a {self.pattern.replace('_reduce', '-reduction')} kernel "
+                                    f"takes no config (its host picks the launch per call)") from None
                 raise CallError(f"{signature}: {e}") from None
             if "config" in kwargs:   # a config given by hand that the host function or Triton refused
                 raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
@@ -642,6 +646,8 @@ def compile(text_or_path):  # noqa: A001 - the public name
 
 def compile_text(text: str, path: str):
     """``compile`` for spec text whose path (for messages) is known."""
+    from .autotune import enabled
+    enabled()   # KGEN_AUTOTUNE, read as a kernel is compiled: a typo is an error for every kernel, tuned or not
     module = parse(text, path)
     if len(module.kernels) == 1 and module.kernels[0].headerless:
         if not module.kernels[0].body:

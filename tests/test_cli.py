@@ -68,6 +68,13 @@ def test_the_header_names_the_command_that_rebuilds_the_module(project, capsys, 
     assert "1 generated file(s) up to date" in capsys.readouterr().out
 
 
+def test_a_module_from_spec_text_names_no_build_command():
+    """kgen.compile("...")'s module has no spec file that a build could read."""
+    header = generate("kernel f(x: f32[N]) -> y: f32[N] { y = x * 2 }").source.splitlines()[:3]
+    assert header[0].endswith(" from <string>")
+    assert header[2] == "# Do not edit: change the spec and compile it again."
+
+
 def test_build_says_when_it_replaces_the_module_of_another_spec(project, capsys):
     """a/x.k built, then b/x.k into the same folder: the module is replaced (as a moved spec's
     is), and the build says whose it was; building b/x.k again says nothing more."""
@@ -1120,6 +1127,7 @@ def test_groups_sets_the_number_of_problems(project, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--rounds", "0"], "--rounds: expected at least 1 round, got 0"),
+    (["--suite", "grouped", "--no-compile"], "--no-compile: --suite grouped times no torch.compile baseline"),
     (["--rounds", "-2"], "--rounds: expected at least 1 round, got -2"),
     (["--shape", "M=64"], "--shape: --suite softmax times its own shapes; it takes no --shape"),
     (["--dtype", "f32"], "--dtype: --suite softmax times its own dtypes; it takes no --dtype"),
@@ -1128,6 +1136,7 @@ def test_groups_sets_the_number_of_problems(project, capsys):
     (["specs/vector_add.k"], "kgen bench: give a spec (specs/vector_add.k) or --suite softmax, not both"),
 ])
 def test_bench_suite_refuses_options_it_would_ignore(project, capsys, extra, message):
+    """(--suite softmax unless the case names another suite, which then comes last)"""
     assert main(["bench", "--suite", "softmax", *extra]) == 1
     err = capsys.readouterr().err
     assert f"error: {message}" in err and "CUDA" not in err

@@ -995,6 +995,9 @@ def test_autotune_off_and_interpreter_use_the_heuristic(cache, monkeypatch):
     with pytest.raises(kgen.KgenError, match="KGEN_AUTOTUNE: expected 1 or 0 \\(or true/false, on/off, yes/no\\), "
                                              "got 'of'"):
         autotune.Tuner(host, autotune.Tuning(CONFIGS), kernel.source, kernel.name, bench=fake_clock({}, calls))
+    for untuned in (ROOT_SPECS / "vector_add.k", ROOT_SPECS / "softmax.k", "Y = X * 2"):   # nothing to tune too
+        with pytest.raises(kgen.KgenError, match="KGEN_AUTOTUNE: expected 1 or 0"):
+            kgen.compile(untuned)
     monkeypatch.delenv("KGEN_AUTOTUNE")
     tuner = make_tuner(kernel, fake_clock({}, calls))
     assert tuner.choose(args, {"config": CONFIGS[0]}) is None       # the caller's own config wins

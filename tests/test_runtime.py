@@ -726,7 +726,7 @@ def test_headerless_kernels_take_a_config_by_hand():
     torch.testing.assert_close(add(x, config={"BLOCK_SIZE": 64, "num_warps": 2}), x * 2)
     with pytest.raises(CallError, match="config: expected BLOCK_SIZE, num_warps, got no num_warps"):
         add(x, config={"BLOCK_SIZE": 64})
-    with pytest.raises(CallError, match="unexpected keyword argument 'config'"):
+    with pytest.raises(CallError, match=r"^y: config: a row-reduction kernel takes no config \(its host picks"):
         kgen.compile("Y = X - max(X)")(x, config={"BLOCK_N": 32})
 
 
