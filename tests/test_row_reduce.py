@@ -502,6 +502,22 @@ def test_split_rows_store_per_row_outputs_once(text, monkeypatch):
         assert_matches(got, want, 37, name)
 
 
+def test_a_split_rows_mean_divides_once(monkeypatch):
+    """The chunks of a split row publish their sums and the row's mean divides once, by its
+    length: where the row's f32 sum overflows, inf, as torch's mean and the on-chip kernel give
+    (the chunks' means would add up to a finite number)."""
+    monkeypatch.setenv("KGEN_FORCE_CHUNK", "8")
+    kernel = kgen.compile("kernel m(X: f32[M, N]) -> Y: f32[M, 1] { Y = mean(X) }")
+    launches = Launches(kernel.module, monkeypatch)
+    x = torch.randn(4, 42, device=DEVICE)
+    x[1, 1] = x[1, 41] = 3e38
+    x = x[:, 1:]   # rows off 16-byte boundaries, which SHIFT cannot align: split
+    got = kernel(x)
+    assert launches.kernels == [kernel.module.m_split_kernel]
+    assert torch.isinf(got[1]).all()
+    torch.testing.assert_close(got, x.mean(-1, keepdim=True))
+
+
 def _split_kernel_source(kernel) -> str:
     """The split kernel's own source, from its def to the host function."""
     source = kernel.source

@@ -127,13 +127,15 @@ class ElementwisePlan:
     def block_choice(self) -> str:
         """``BLOCK_SIZE, num_warps = ...`` by element count (and contiguity)."""
         *small, (_, block, warps) = self.blocks
+        if not small and not self.wide_block:
+            return f"{block}, {warps}"
         text = f"({block}, {warps})"
         for limit, b, w in reversed(small):
             text = f"({b}, {w}) if n_elements < {limit} else {text}"
         if self.wide_block:
             wide_from = f"2**{WIDE_FROM.bit_length() - 1}"
             text = f"({self.wide_block}, {WIDE_WARPS}) if contiguous and n_elements >= {wide_from} else {text}"
-        return text.removeprefix("(").removesuffix(")") if text == f"({block}, {warps})" else text
+        return text
 
     @property
     def block_note(self) -> tuple[str, ...]:

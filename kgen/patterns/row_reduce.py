@@ -859,17 +859,20 @@ class _Planner:
                 if id(r) in online or id(r) in centered or r in shared:
                     continue
                 name = names[id(r)]
-                init, update, final = self.accumulate(r, name, printer.expr(r.inputs[0])[0])
+                init, update, total = self.accumulate(r, name, printer.expr(r.inputs[0])[0])
                 partials = "partial sums" if r.op in (Op.SUM, Op.MEAN) else f"partial {r.op.value}ima"
                 before.append(Line(f"{self.comment(r)}: {partials} per lane, a chunk at a time", (init,)))
                 body.append(Line(self.comment(r), (update,)))
-                after.append(Line(f"{self.comment(r)}: the lanes' {partials} combined", (final,)))
-                chunk_finals.append(after[-1])
+                final = _mean(total) if r.op is Op.MEAN else total
+                after.append(Line(f"{self.comment(r)}: the lanes' {partials} combined", (f"{name} = {final}",)))
+                # a split row's chunk publishes its sum (a mean divides once, by the row's length)
+                chunk_finals.append(Line(after[-1].comment, (f"{name} = {total}",)))
                 peers = self.fresh(f"{name}_peers")
                 identity = {Op.MAX: NEG_INF, Op.MIN: POS_INF}.get(r.op, "0.0")
                 published.append((name, peers, identity))
+                combined = _reduce_peers(r, peers)
                 combine.append(Line(f"{self.comment(r)}: the chunks' combined",
-                                    (f"{name} = {_reduce_peers(r, peers)}",)))
+                                    (f"{name} = {_mean(combined) if r.op is Op.MEAN else combined}",)))
             for m in maxes:
                 sums = [r for r in group if online.get(id(r)) is m]
                 init, update, final = self.online(m, sums, names, printer.expr(m.inputs[0])[0])
@@ -960,15 +963,15 @@ class _Planner:
                      if id(n) in chunked and n.op is Op.INPUT)
 
     def accumulate(self, r: Node, name: str, x: str) -> tuple[str, str, str]:
-        """(init, update, final) of a reduction over chunks: lane-wise partials in a
-        [BLOCK_ROWS, BLOCK_N] accumulator, reduced across lanes once after the loop."""
+        """(init, update, total) of a reduction over chunks: lane-wise partials in a
+        [BLOCK_ROWS, BLOCK_N] accumulator, reduced across lanes once after the loop (total:
+        that reduction, a mean's sum not yet divided)."""
         acc = self.fresh(f"{name}_acc")
         dtype = r.dtype.compute.triton
         tile = "[BLOCK_ROWS, BLOCK_N]"
         if r.op in (Op.SUM, Op.MEAN):
             total = f"tl.sum({acc}, axis=1, keep_dims=True)"
-            return (f"{acc} = tl.zeros({tile}, {dtype})", f"{acc} = {acc} + tl.where(mask, {x}, 0.0)",
-                    f"{name} = {_mean(total) if r.op is Op.MEAN else total}")
+            return f"{acc} = tl.zeros({tile}, {dtype})", f"{acc} = {acc} + tl.where(mask, {x}, 0.0)", total
         fn = "maximum" if r.op is Op.MAX else "minimum"
         if r.dtype.is_float:
             identity = NEG_INF if r.op is Op.MAX else POS_INF
@@ -978,7 +981,7 @@ class _Planner:
             identity = I32_MIN if r.op is Op.MAX else I32_MAX
             combine = f"tl.{r.op.value}({acc}, axis=1, keep_dims=True)"
             update = f"tl.{fn}({acc}, tl.where(mask, {x}, {identity}))"
-        return f"{acc} = tl.full({tile}, {identity}, {dtype})", f"{acc} = {update}", f"{name} = {combine}"
+        return f"{acc} = tl.full({tile}, {identity}, {dtype})", f"{acc} = {update}", combine
 
     def online(self, m: Node, sums: list[Node], names: dict[int, str], a: str):
         """Online softmax: ``m`` is the running max of ``a``; each sum of ``exp(a - m)`` is
@@ -1148,7 +1151,7 @@ def _reduce(r: Node, x: str) -> str:
 
 def _reduce_peers(r: Node, peers: str) -> str:
     """The split kernel's combine of the chunks' partials of ``r`` ([BLOCK_ROWS, SPLIT_BLOCK],
-    padding peers hold the identity; a mean's partials are already divided by n_cols)."""
+    padding peers hold the identity; a mean's partials are sums, divided once after)."""
     if r.op in (Op.SUM, Op.MEAN):
         return f"tl.sum({peers}, axis=1, keep_dims=True)"
     return f"tl.reduce({peers}, 1, {r.op.value}_combine, keep_dims=True)"
