@@ -408,14 +408,14 @@ def layernorm_looped_kernel(
                 X_at = tl.multiple_of(X_at, [1, 16])
             X = tl.load(X_at, mask=window, other=0.0).to(tl.float32)
             # the chunk's sum, and its squared deviations from its own mean, merged into the row's
-            mu_chunk = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
-            mu_chunk_mean = tl.div_rn(mu_chunk, tl.maximum(chunk_cols, 1.0))
+            mu_chunk_sum = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
+            mu_chunk_mean = tl.div_rn(mu_chunk_sum, tl.maximum(chunk_cols, 1.0))
             mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
             mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
             mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
             mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
             var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
-            mu_sum = mu_sum + mu_chunk
+            mu_sum = mu_sum + mu_chunk_sum
             mu_count = mu_count + chunk_cols
         for col0 in tl.range(whole_lo * BLOCK_N, whole_hi * BLOCK_N, BLOCK_N, num_stages=NUM_STAGES):
             lane0 = (whole_lo + whole_hi - 1) * BLOCK_N - col0
@@ -438,14 +438,14 @@ def layernorm_looped_kernel(
         # the lanes merged into the row's: their sums, and their squared deviations within and between lanes
         mu_whole = (whole_hi - whole_lo).to(tl.float32)  # the values each lane holds
         mu_cols = mu_whole * BLOCK_N
-        mu_chunk = tl.sum(mu_lanes, axis=1, keep_dims=True) * mu_whole
-        mu_chunk_mean = tl.div_rn(mu_chunk, tl.maximum(mu_cols, 1.0))
+        mu_chunk_sum = tl.sum(mu_lanes, axis=1, keep_dims=True) * mu_whole
+        mu_chunk_mean = tl.div_rn(mu_chunk_sum, tl.maximum(mu_cols, 1.0))
         mu_dev = mu_lanes - mu_chunk_mean
         mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
         mu_weight = mu_count * mu_cols / tl.maximum(mu_count + mu_cols, 1.0)
         mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
         var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
-        mu_sum = mu_sum + mu_chunk
+        mu_sum = mu_sum + mu_chunk_sum
         mu_count = mu_count + mu_cols
         # mu = mean(X, axis=-1); var = mean(xc * xc, axis=-1)
         mu = tl.div_rn(mu_sum, n_cols * 1.0)

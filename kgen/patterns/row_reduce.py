@@ -500,6 +500,16 @@ class RowReducePlan:
     pattern: str = "row_reduce"
 
     @property
+    def peer_parameters(self) -> tuple[str, ...]:
+        """The pointers, sizes and strides that the split kernel's peer helper reads: the operands
+        of the chunk's reduction (none of the outputs)."""
+        reduce = self.split.reduce
+        code = _code([*self.uniform_loads, *self.coordinates, *self.looped_tile_loads, *self.split.peer_starts,
+                      *reduce.before, *reduce.single.columns, *reduce.single.lanes, *reduce.loads,
+                      *reduce.single.body, *reduce.single.stores, *reduce.after])
+        return tuple(p for p in (*self.pointers, *self.sizes, *self.strides) if p == "n_rows" or _reads(code, p))
+
+    @property
     def tile_sizes(self) -> tuple[str, ...]:
         """The sizes the on-chip tile reads: n_rows, and each other one its code names (a mean's n_cols)."""
         code = "\n".join([*self.coordinates, *(c for line in self.body for c in line.code), *self.stores])
@@ -1022,8 +1032,8 @@ class _Planner:
         two reductions each, ran 5-22% slower on an H200 at 32001 to 262144 columns.)"""
         mn = names[id(m)]
         total, chunk, chunk_mean, dev, step, weight, between, lanes, seen, x, whole, cols = (
-            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk", "chunk_mean", "dev", "step", "weight", "between",
-                                                     "lanes", "seen", "x", "whole", "cols"))
+            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk_sum", "chunk_mean", "dev", "step", "weight",
+                                                     "between", "lanes", "seen", "x", "whole", "cols"))
         square_lanes = [self.fresh(f"{names[id(s)]}_lanes") for s in squares]
         init = [f"{total} = tl.zeros([BLOCK_ROWS, 1], tl.float32)", f"{count} = tl.zeros([BLOCK_ROWS, 1], tl.float32)"]
         init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in squares]
