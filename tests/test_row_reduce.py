@@ -538,6 +538,17 @@ def test_split_rows_hold_their_chunk_through_the_exchange(name):
         assert source.count(f"{p} = tl.load(") == 1, p
 
 
+@pytest.mark.parametrize("name", ["softmax", "rmsnorm"])
+def test_a_missing_peers_partials_read_only_the_reductions_operands(name):
+    """The helper that computes a peer's partials takes the operands its chunk's reduction reads
+    (rmsnorm: X, not W), their sizes and strides, and none of the outputs'."""
+    source = spec_kernel(name, None, None, "f32").source
+    start = source.index(f"def _{name}_peer_partials(")
+    params = source[start:source.index("):", start)]
+    assert "X_ptr" in params and "X_stride0" in params
+    assert not any(word in params for word in ("Y_ptr", "Y_stride", "W_ptr", "W_stride"))
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "rmsnorm", "stats", "span"])
 def test_split_rows_compute_missing_peers_in_pieces(name, monkeypatch):
     """On Triton's interpreter no peer has published when a program looks (programs run one
