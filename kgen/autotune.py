@@ -263,7 +263,8 @@ class Tuner:
         self._fresh = threading.local()  # .key: what this thread's last call added to memory, if anything
         self._lock = threading.Lock()
         # KGEN_AUTOTUNE is read once, when the kernel is compiled: the per-call path stays short
-        self.active = len(tuning.configs) >= 2 and (force or enabled())
+        # (and without CUDA, where nothing is tuned, takes no key either)
+        self.active = len(tuning.configs) >= 2 and (force or enabled() and torch.cuda.is_available())
 
     def choose(self, args, kwargs) -> dict | None:
         """The config for this call, or None for the host function's own heuristic."""

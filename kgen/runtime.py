@@ -35,6 +35,8 @@ from . import pipeline
 from .pipeline import Generated, generate
 
 _modules: dict[str, object] = {}
+# each loaded module's path -> its linecache entry, the checked text (see load)
+_checked_lines: dict[str, tuple] = {}
 _lock = threading.Lock()
 _announced = False
 
@@ -124,7 +126,8 @@ def load(source: str):
         # Triton reads a kernel's source back through inspect (at @triton.jit, and the interpreter
         # at its first call): from linecache, seeded with the checked text for good (mtime None:
         # never checked against the file), never from the file, which may have changed since
-        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+        linecache.cache[str(path)] = _checked_lines[str(path)] = (len(source), None, source.splitlines(True),
+                                                                  str(path))
         # compiled from the source just checked, never from a __pycache__ file beside it
         spec = importlib.util.spec_from_file_location(name, path, loader=_SourceLoader(name, str(path), source))
         module = importlib.util.module_from_spec(spec)
@@ -170,6 +173,11 @@ def write_atomic(path: Path, text: str) -> None:
             raise
 
 
+# Each pattern as messages name its kernels ("it is an elementwise kernel")
+KINDS = {"elementwise": "an elementwise", "row_reduce": "a row-reduction", "gemm": "a GEMM",
+         "grouped_gemm": "a grouped GEMM"}
+
+
 class Kernel:
     """A compiled spec kernel.  Call it with tensors (positionally, in order of first
     appearance, or by name) and ``out=`` optionally; ``.source`` is the Triton it runs."""
@@ -195,10 +203,10 @@ class Kernel:
             self._tuner = Tuner(self._host, tuning, self.source, kir.name, checked=self.module._Checked)
         # a grouped GEMM's second calling form (see kgen/patterns/grouped_gemm.py)
         self._moe_host = getattr(self.module, f"{kir.name}_moe") if getattr(plan, "moe", False) else None
-        self._moe_why = getattr(plan, "moe_why", "") or f"it is a {plan.pattern} kernel, not a grouped GEMM"
+        self._moe_why = getattr(plan, "moe_why", "") or f"it is {KINDS[plan.pattern]} kernel, not a grouped GEMM"
         self._moe_label, self._moe_signature = f"{kir.name}.moe", f"{kir.name}.moe({', '.join(self.inputs)}, *, offs)"
         if use_interpreter_if_no_gpu():
-            self._run = _untraced(_one_at_a_time(self._run))
+            self._run = _untraced(_one_at_a_time(self._run, self.module.__file__))
         elif not getattr(plan, "traced", True):
             # torch.compile runs these calls as they are (a graph break): it cannot trace Triton's
             # interpreter, nor a grouped GEMM's host code in good time
@@ -251,8 +259,8 @@ class Kernel:
                 tuner.forget()
             if isinstance(e, TypeError) and e.__traceback__.tb_next is None:  # raised binding the arguments
                 if "config" in kwargs and "config" not in inspect.signature(host).parameters:   # row reductions
-                    raise CallError(f"{label}: config: a {self.pattern.replace('_reduce', '-reduction')} kernel "
-                                    f"takes no config (its host picks the launch per call)") from None
+                    raise CallError(f"{label}: config: {KINDS[self.pattern]} kernel takes no config (its host "
+                                    f"picks the launch per call)") from None
                 raise CallError(f"{signature}: {e}") from None
             if "config" in kwargs:   # a config given by hand that the host function or Triton refused
                 raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
@@ -460,14 +468,19 @@ class HeaderlessKernel:
 _EMPTY_LIST = ("empty list",)
 
 
-def _one_at_a_time(fn):
+def _one_at_a_time(fn, path: str):
     """``fn`` holding ``pipeline.python_lock`` (Triton's interpreter: one launch at a time), with
     numpy's floating-point warnings off: the interpreter computes masked lanes too (the log of a
-    padding 0), whose warnings say nothing of the call's values, as a GPU would not."""
+    padding 0), whose warnings say nothing of the call's values, as a GPU would not.  The
+    interpreter reads a kernel's source at its first call: the module's checked text is put back
+    in linecache first where something cleared it (``linecache.clearcache()``, as torch's
+    inductor calls), so that the file, which may have changed since, is never read."""
     import numpy   # the interpreter's own arrays
 
     def serialized(*args, **kwargs):
         with pipeline.python_lock, numpy.errstate(all="ignore"):
+            if path not in linecache.cache and path in _checked_lines:
+                linecache.cache[path] = _checked_lines[path]
             return fn(*args, **kwargs)
     return serialized
 

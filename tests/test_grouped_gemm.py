@@ -789,8 +789,10 @@ def test_out_lists_that_overlap_are_refused(watch):
 
 
 def test_no_moe_form_for_a_plain_gemm():
-    with pytest.raises(kgen.CallError, match="no MoE form"):
+    with pytest.raises(kgen.CallError, match="no MoE form: it is a GEMM kernel, not a grouped GEMM"):
         kgen.compile("specs/linear_gelu.k").moe(randn(4, 4), randn(1, 4, 4), randn(1, 4), offs=[4])
+    with pytest.raises(kgen.CallError, match="no MoE form: it is an elementwise kernel, not a grouped GEMM"):
+        kgen.compile("specs/vector_add.k").moe(randn(4), randn(4), offs=[4])
 
 
 @pytest.mark.parametrize("dim", ["W_shapes", "X_shapes", "b_shapes", "shared", "launch"])
@@ -837,6 +839,21 @@ def test_moe_key_is_a_signature_remembered_per_shapes_and_names():
     # the remembered signature is each kernel's own: another's parameter names are not reused
     assert key(a, b, "X", "W") == first.replace("A:", "X:").replace("B:", "W:") != first
     assert key([a], b) is None and key(a, b[0]) is None
+
+
+def test_the_remembered_group_keys_are_bounded_by_the_shapes_they_hold(monkeypatch):
+    """Groups whose rows change at every call (as an MoE's token counts do) each leave their
+    shapes and strides in the memo: it is cleared before it holds more than its bound of them,
+    and still answers as before."""
+    monkeypatch.setattr(grouped_gemm, "_GROUP_KEYS", {})
+    monkeypatch.setattr(grouped_gemm, "_group_keys_held", 0)
+    monkeypatch.setattr(grouped_gemm, "_GROUP_KEYS_MAX", (4096, 200))
+    b = [torch.empty(16, 8)] * 10
+    for m in range(1, 40):
+        a = [torch.empty(m + i, 16) for i in range(10)]
+        assert grouped_gemm.group_key((a, b), {}, ["A", "B"], "A", "B") == \
+            grouped_gemm._group_signature(a, b, "A", "B")
+        assert sum(map(len, grouped_gemm._GROUP_KEYS)) == grouped_gemm._group_keys_held <= 200
 
 
 def test_prune_keeps_tiles_that_fit_the_largest_problem():

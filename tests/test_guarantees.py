@@ -510,6 +510,24 @@ def test_a_cached_module_changed_after_its_load_is_never_read_back(tmp_path, mon
     assert not planted.exists()
 
 
+def test_a_changed_cached_module_is_never_read_back_after_the_line_cache_is_cleared(tmp_path, monkeypatch,
+                                                                                    device):
+    """The same where something clears Python's line cache between the load and the kernel's
+    first call (torch's inductor calls linecache.clearcache()): a kernel's call puts the checked
+    text back first."""
+    import linecache
+    text = "kernel reread_cleared(x: f32[N]) -> y: f32[N] { y = x + 3 }"
+    _, cached = _cached(text, tmp_path, monkeypatch)
+    kernel = kgen.compile(text)
+    planted = tmp_path / "planted"
+    cached.write_text(cached.read_text().replace(
+        "    pid = tl.program_id(0)\n", f"    pid = tl.program_id(0); open({str(planted)!r}, 'w').close()\n", 1))
+    linecache.clearcache()
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close(kernel(x), x + 3)
+    assert not planted.exists()
+
+
 def test_files_larger_than_memory_are_never_read_whole(tmp_path, monkeypatch, capsys, device):
     """A cached module, a built target or a spec of a terabyte (sparse: no disk used) is read only
     as far as kgen's own text would go: the module is rewritten, the target stale, the spec a

@@ -940,9 +940,10 @@ def test_force_chunk_environment_knob(monkeypatch):
         kgen.compile(text + "\n")
 
 
-@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0662", "8.0", "-8"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0662", "8.0", "-8", "0", "2097152"])
 def test_a_forced_chunk_that_is_not_ascii_digits_is_a_kgen_error(monkeypatch, value):
-    """'²' passes str.isdigit() but not int(): a KgenError naming the knob, not a ValueError."""
+    """'²' passes str.isdigit() but not int(): a KgenError naming the knob, not a ValueError; so is
+    a chunk past Triton's largest tensor (2**20 elements), as a schedule's BLOCK_N would be."""
     monkeypatch.setenv("KGEN_FORCE_CHUNK", value)
     with pytest.raises(KgenError, match=f"KGEN_FORCE_CHUNK={value!r}: expected a power of two"):
         kgen.compile((SPECS / "softmax.k").read_text() + f"\n# {value!r}\n")

@@ -556,6 +556,10 @@ def _operands(args, kwargs, names, lhs, rhs) -> tuple:
 
 
 _GROUP_KEYS: dict[tuple, str | None] = {}
+# The memo's bound: so many entries, or so many shapes and strides in all (a group of G problems
+# shows 4G; groups of 1024 problems whose rows change at every call would otherwise keep 1.3 GB)
+_GROUP_KEYS_MAX = (4096, 2**18)
+_group_keys_held = 0
 _MISSING = object()
 
 
@@ -576,11 +580,15 @@ def group_key(args, kwargs, names, lhs, rhs) -> str | None:
 
 def _remembered(seen: tuple, make) -> str | None:
     """The key remembered for what a call showed (``seen``), made once."""
+    global _group_keys_held
     key = _GROUP_KEYS.get(seen, _MISSING)
     if key is _MISSING:
-        if len(_GROUP_KEYS) >= 4096:
+        entries, items = _GROUP_KEYS_MAX
+        if len(_GROUP_KEYS) >= entries or _group_keys_held + len(seen) > items:
             _GROUP_KEYS.clear()
+            _group_keys_held = 0
         key = _GROUP_KEYS[seen] = make()
+        _group_keys_held += len(seen)
     return key
 
 

@@ -241,9 +241,11 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         values[key] = v
     forced = os.environ.get(FORCE_CHUNK, "").strip()
     if forced:
-        if not (forced.isascii() and forced.isdigit()) or int(forced) <= 0 or int(forced) & (int(forced) - 1):
-            raise KgenError(f"{FORCE_CHUNK}={forced!r}: expected a power of two (the column chunk of "
-                            f"row reductions)")
+        if not (forced.isascii() and forced.isdigit()) or not 0 < int(forced) <= 2**20 \
+                or int(forced) & (int(forced) - 1):
+            # (2**20 elements: Triton's largest tensor, as a schedule's BLOCK_N)
+            raise KgenError(f"{FORCE_CHUNK}={forced!r}: expected a power of two from 1 to 1048576 (the "
+                            f"column chunk of row reductions)")
         values["BLOCK_N"] = int(forced)
     block = values.get("BLOCK_N")
     rows = values.get("BLOCK_ROWS")
