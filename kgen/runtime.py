@@ -428,7 +428,14 @@ class HeaderlessKernel:
                 raise CallError(f"{name}[0]: expected a tensor (one per problem), got {type(a[0]).__name__}")
             else:
                 raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
-        generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
+        try:
+            generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
+        except SpecError as e:
+            if all(a is None for a in args):   # an example's types, or a pickled kernel's: no call to name
+                raise
+            # the spec is fine, the types this call gave it are not: say which they were
+            given = ", ".join(f"{name}: {_call_type(t, a)}" for name, t, a in zip(self.inputs, types, args))
+            raise type(e)(f"{e.message} (types from this call: {given})", e.span) from None
         kernel = Kernel(generated, 0, (_specialized, (self.text, self.path, key)))
         self._kernels[key] = kernel
         return kernel
@@ -677,6 +684,14 @@ def compile_text(text: str, path: str):
 def _declared(text: str, path: str, index: int) -> Kernel:
     generated = generate(text, path)
     return Kernel(generated, index, (_declared, (text, path, index)))
+
+
+def _call_type(arg: Arg, value) -> str:
+    """What a call gave a headerless kernel's input, as its types came from it."""
+    if arg.ones is None:
+        return f"a Python {type(value).__name__} ({arg.dtype.name})"
+    tensor = f"{'an' if arg.dtype.name[0] in 'fi' else 'a'} {arg.dtype.name} tensor of rank {len(arg.ones)}"
+    return f"a list whose first is {tensor}" if arg.is_list else tensor
 
 
 def _specialized(text: str, path: str, key: tuple) -> Kernel:

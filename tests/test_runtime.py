@@ -174,6 +174,19 @@ def test_headerless_mismatch_raises_before_any_launch(watch):
     assert launches.count == 1
 
 
+def test_types_a_call_gives_that_the_spec_refuses_are_named(device):
+    """A headerless kernel takes its types from the call: where the spec refuses them, the
+    error at the spec says what the call gave (a list by its first tensor)."""
+    x = torch.randn(3, device=device)
+    with pytest.raises(SpecError, match=re.escape("got i32 (types from this call: c: a Python int (i32), "
+                                                  "a: an f32 tensor of rank 1, b: an f32 tensor of rank 1)")):
+        kgen.compile("y = where(c, a, b)")(1, x, x)
+    a, b = torch.randn(5, 7, device=device).half(), torch.randn(7, 4, device=device)
+    with pytest.raises(SpecError, match=re.escape("(types from this call: A: a list whose first is an f16 tensor "
+                                                  "of rank 2, B: a list whose first is an f32 tensor of rank 2)")):
+        kgen.compile("C = leaky_relu(A @ B)")([a, a], [b, b])
+
+
 @pytest.mark.gpu
 def test_tensors_on_different_devices():
     k = kgen.compile(HEADERLESS)
