@@ -411,7 +411,8 @@ def layernorm_looped_kernel(
             mu_chunk_sum = tl.sum(tl.where(mask, X, 0.0), axis=1, keep_dims=True)
             mu_chunk_mean = tl.div_rn(mu_chunk_sum, tl.maximum(chunk_cols, 1.0))
             mu_dev = tl.where(mask, X - mu_chunk_mean, 0.0)
-            mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
+            mu_running = tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
+            mu_step = tl.where(mu_chunk_mean == mu_running, 0.0, mu_chunk_mean - mu_running)
             mu_weight = mu_count * chunk_cols / tl.maximum(mu_count + chunk_cols, 1.0)
             mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
             var = var + tl.sum(mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between
@@ -441,7 +442,8 @@ def layernorm_looped_kernel(
         mu_chunk_sum = tl.sum(mu_lanes, axis=1, keep_dims=True) * mu_whole
         mu_chunk_mean = tl.div_rn(mu_chunk_sum, tl.maximum(mu_cols, 1.0))
         mu_dev = mu_lanes - mu_chunk_mean
-        mu_step = mu_chunk_mean - tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
+        mu_running = tl.div_rn(mu_sum, tl.maximum(mu_count, 1.0))
+        mu_step = tl.where(mu_chunk_mean == mu_running, 0.0, mu_chunk_mean - mu_running)
         mu_weight = mu_count * mu_cols / tl.maximum(mu_count + mu_cols, 1.0)
         mu_between = tl.where(mu_weight > 0, mu_step * mu_step * mu_weight, 0.0)
         var = var + tl.sum(var_lanes + mu_whole * mu_dev * mu_dev, axis=1, keep_dims=True) + mu_between

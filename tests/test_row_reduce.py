@@ -1162,6 +1162,24 @@ def test_rows_of_one_value_have_no_variance(dtype, value, chunk):
         assert torch.equal(Y, torch.zeros_like(Y)), f"Y, n = {n}"
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_a_variance_whose_mean_overflows_is_inf_as_torchs(chunk, offset):
+    """Rows whose f32 sum overflows have mean inf and, as torch computes them, variance inf
+    (every deviation is -inf), on chip and looped, in whole chunks' lanes (offset 0) and
+    shifted (offset 1): two chunks' means at inf step by 0, not inf - inf = NaN."""
+    schedule = f"schedule v {{ BLOCK_N = {chunk} }}\n" if chunk else ""
+    kernel = kgen.compile("kernel v(X: f32[M, N]) -> (mu: f32[M, 1], var: f32[M, 1]) {\n"
+                          "    mu = mean(X)\n    var = mean((X - mu) * (X - mu))\n}\n" + schedule)
+    X = torch.full((2, 40 + offset), 3e38, device=DEVICE)[:, offset:]
+    X[1] = torch.randn(40 + offset, device=DEVICE)[offset:]
+    mu, var = kernel(X)
+    want_mu = X.mean(-1, keepdim=True)
+    want_var = ((X - want_mu) ** 2).mean(-1, keepdim=True)
+    assert torch.isinf(mu[0]).all() and torch.isinf(var[0]).all() and torch.isinf(want_var[0]).all()
+    torch.testing.assert_close(var[1], want_var[1])
+
+
 @pytest.mark.parametrize("chunk", [None, 8])
 def test_infinities_reach_a_looped_mean_as_a_sum_carries_them(chunk):
     """A row holding -inf has mean -inf (+inf and -inf: NaN) however its chunks fall: the

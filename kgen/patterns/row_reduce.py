@@ -1031,9 +1031,9 @@ class _Planner:
         the step between its mean and the running one.  (Per-chunk merges in every chunk,
         two reductions each, ran 5-22% slower on an H200 at 32001 to 262144 columns.)"""
         mn = names[id(m)]
-        total, chunk, chunk_mean, dev, step, weight, between, lanes, seen, x, whole, cols = (
-            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk_sum", "chunk_mean", "dev", "step", "weight",
-                                                     "between", "lanes", "seen", "x", "whole", "cols"))
+        total, chunk, chunk_mean, running, dev, step, weight, between, lanes, seen, x, whole, cols = (
+            self.fresh(f"{mn}_{part}") for part in ("sum", "chunk_sum", "chunk_mean", "running", "dev", "step",
+                                                     "weight", "between", "lanes", "seen", "x", "whole", "cols"))
         square_lanes = [self.fresh(f"{names[id(s)]}_lanes") for s in squares]
         init = [f"{total} = tl.zeros([BLOCK_ROWS, 1], tl.float32)", f"{count} = tl.zeros([BLOCK_ROWS, 1], tl.float32)"]
         init += [f"{names[id(s)]} = tl.zeros([BLOCK_ROWS, 1], tl.float32)" for s in squares]
@@ -1044,7 +1044,9 @@ class _Planner:
             and its sum of squared deviations for each of ``squares``) merged into the row's."""
             return [f"{chunk_mean} = {_mean(part_sum, f'tl.maximum({part_cols}, 1.0)')}",
                     f"{dev} = {deviations}",
-                    f"{step} = {chunk_mean} - {_mean(total, f'tl.maximum({count}, 1.0)')}",
+                    f"{running} = {_mean(total, f'tl.maximum({count}, 1.0)')}",
+                    # (equal means step by 0: two at inf, where a row's sum overflowed, would give NaN)
+                    f"{step} = tl.where({chunk_mean} == {running}, 0.0, {chunk_mean} - {running})",
                     f"{weight} = {count} * {part_cols} / tl.maximum({count} + {part_cols}, 1.0)",
                     # (none for the first part: a step past 1.8e19 squares to inf, and inf * 0 is NaN)
                     f"{between} = tl.where({weight} > 0, {step} * {step} * {weight}, 0.0)",
