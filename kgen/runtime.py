@@ -378,7 +378,7 @@ class HeaderlessKernel:
         kernel = self._kernels.get(key)
         if kernel is None:
             try:
-                kernel = _untraced(self._specialize)(key, args)
+                kernel = _untraced(self._specialize)(key, args, explain=False)
             except SpecError as e:   # say how the call's tensors were read, which the spec cannot show
                 where = f"{e.span}: " if e.span is not None else ""
                 raise CallError(f"moe: {where}{e.message} (the MoE form read {self._moe_reading(args, key)})") \
@@ -410,7 +410,9 @@ class HeaderlessKernel:
             raise CallError(f"missing input(s): {', '.join(missing)}")
         return tuple(bound)
 
-    def _specialize(self, key, args) -> Kernel:
+    def _specialize(self, key, args, explain: bool = True) -> Kernel:
+        """The kernel for the types of ``key``, which the call's ``args`` gave; ``explain``: a
+        SpecError names those types (moe says how it read the tensors instead)."""
         types = []
         for name, k, a in zip(self.inputs, key, args):
             if k is _EMPTY_LIST:
@@ -431,7 +433,7 @@ class HeaderlessKernel:
         try:
             generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
         except SpecError as e:
-            if all(a is None for a in args):   # an example's types, or a pickled kernel's: no call to name
+            if not explain or all(a is None for a in args):   # an example's or a pickled kernel's types
                 raise
             # the spec is fine, the types this call gave it are not: say which they were
             given = ", ".join(f"{name}: {_call_type(t, a)}" for name, t, a in zip(self.inputs, types, args))
