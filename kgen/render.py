@@ -170,20 +170,21 @@ def shadows_nothing(source: str, kernels) -> None:
     """No function of the module binds a name of a function that the module defines and calls
     (``_f_tile``, which kernel f's persistent kernel calls): a spec's value of that name would be
     a parameter or local there, in the way of the call.  An error at the value."""
-    values = {name for k in kernels for name in (*(p.name for p in k.params), *(s.name for s in k.stmts),
-                                                  *(d for p in k.params for d in (p.shape or ())))}
-    if not values & set(_TOP_DEFS.findall(source)):   # most specs: no parse of the module needed
-        return
-    clashes = hidden_calls(source)
+    written = {}    # a value's name -> (where the spec writes it, its kernel); a dimension: no span
     for k in kernels:
-        for name in sorted(clashes):
-            spans = [p.span for p in k.params if p.name == name] + [s.span for s in k.stmts if s.name == name]
-            if spans or any(name == d for p in k.params for d in (p.shape or ())):
-                # (a statement's or parameter's span starts at its name: the caret takes the name)
-                at = replace(spans[0], end_line=spans[0].line, end_col=spans[0].col + len(name)) \
-                    if spans and spans[0] else k.span
-                raise SpecError(f"'{name}' cannot name a value: the generated module calls its own {name} for "
-                                f"kernel '{k.name}'; choose another name", at)
+        for p in k.params:
+            written.setdefault(p.name, (p.span, k))
+            written.update({d: (None, k) for d in p.shape or () if isinstance(d, str) and d not in written})
+        written.update({st.name: (st.span, k) for st in k.stmts if st.name not in written})
+    named = written.keys() & set(_TOP_DEFS.findall(source))
+    if not named:   # most specs: no parse of the module needed
+        return
+    for name in sorted(named & hidden_calls(source)):
+        span, k = written[name]
+        # (a statement's or parameter's span starts at its name: the caret takes the name)
+        at = replace(span, end_line=span.line, end_col=span.col + len(name)) if span else k.span
+        raise SpecError(f"'{name}' cannot name a value: the generated module calls its own {name} for "
+                        f"kernel '{k.name}'; choose another name", at)
 
 
 def hidden_calls(source: str) -> set[str]:
