@@ -181,7 +181,7 @@ def _cdiv(a, b):
 
 @triton.jit
 def leaky_relu(x, alpha):
-    return tl.where(x >= 0, x, alpha * x)
+    return tl.where(x > 0, x, alpha * x)
 
 
 # What a config= given by hand may hold, key by key: (least, most, a power of two) for

@@ -21,7 +21,7 @@ def _leaky_relu(x, alpha):
         x = _as_tensor(x, alpha)
     if isinstance(alpha, (int, float)) and x.is_floating_point():  # what a user writes: one kernel in eager mode
         return F.leaky_relu(x, alpha)
-    return torch.where(x >= 0, x, x * alpha)   # (torch has no integer leaky_relu: i32 x, alpha 2)
+    return torch.where(x > 0, x, x * alpha)   # (torch has no integer leaky_relu: i32 x, alpha 2)
 
 
 def _clamp(node: Node):

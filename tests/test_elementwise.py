@@ -157,7 +157,7 @@ def _binary(fn):
 def _leaky_relu(x, alpha=0.01):
     dtype = _promoted(x, alpha)
     x, alpha = _as(x, dtype), _as(alpha, dtype)
-    return torch.where(x >= 0, x, x * alpha)
+    return torch.where(x > 0, x, x * alpha)
 
 
 EAGER = {
@@ -552,6 +552,19 @@ def test_each_function_special_values(fn, dtype):
     assert_matches(got, evaluate(kernel.ir, {"X": x})[0])
 
 
+@pytest.mark.parametrize("alpha", [0.01, -0.5, float("inf"), float("nan")])
+def test_leaky_relu_at_zero_is_torchs(alpha):
+    """torch's leaky_relu keeps x where x > 0: at either zero it gives alpha * x (NaN for an
+    infinite alpha, -0.0 for +0.0 times a negative one)."""
+    x = torch.tensor([0.0, -0.0, 2.0, -2.0], device=DEVICE)
+    kernel = kgen.compile("Y = leaky_relu(X, a)")
+    got, want = kernel(x, alpha), F.leaky_relu(x, alpha)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got.signbit(), want.signbit()), got
+    reference = evaluate(kernel.ir, {"X": x, "a": alpha})[0]
+    assert torch.equal(reference.signbit(), want.signbit()) and torch.equal(reference.isnan(), want.isnan())
+
+
 TINY = torch.logspace(-30, 0, 61, dtype=torch.float64)
 ACCURACY_RANGES = {
     "tanh": torch.cat([TINY, -TINY, torch.linspace(-20, 20, 160, dtype=torch.float64)]),
@@ -638,7 +651,7 @@ BINARY_SPECS = {
     "X + Y": lambda x, y: x + y, "X - Y": lambda x, y: x - y, "X * Y": lambda x, y: x * y,
     "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,
     "minimum(X, Y)": torch.minimum, "where(X > Y, X, Y)": lambda x, y: torch.where(x > y, x, y),
-    "leaky_relu(X, Y)": lambda x, y: torch.where(x >= 0, x, x * y), "clamp(X, Y, 1)": lambda x, y: torch.clamp(
+    "leaky_relu(X, Y)": lambda x, y: torch.where(x > 0, x, x * y), "clamp(X, Y, 1)": lambda x, y: torch.clamp(
         torch.clamp(x, min=y), max=torch.tensor(1.0, dtype=x.dtype, device=x.device)),
     "X < Y": torch.lt, "X <= Y": torch.le, "X > Y": torch.gt, "X >= Y": torch.ge, "X == Y": torch.eq,
     "X != Y": torch.ne,
@@ -679,7 +692,7 @@ def test_power_by_constant(exponent):
     ("Y = i32(X * 3)", None), ("Y = bool(I)", lambda i: i.bool()), ("Y = -I", torch.neg),
     ("Y = clamp(I, 0, 3)", lambda i: i.clamp(0, 3)), ("Y = minimum(2, I)", lambda i: i.clamp(max=2)),
     # no torch function takes an integer leaky_relu: its definition, which kgen computes in i32
-    ("Y = leaky_relu(I, 2)", lambda i: torch.where(i >= 0, i, i * 2)),
+    ("Y = leaky_relu(I, 2)", lambda i: torch.where(i > 0, i, i * 2)),
 ])
 def test_integer_operands(text, fn):
     """i32 inputs: float functions widen them to f32 as torch does; integer math stays i32."""

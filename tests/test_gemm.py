@@ -103,6 +103,16 @@ def test_leaky_relu_of_matmul_matches_torch():
     assert_close(c, F.leaky_relu(a.float() @ b.float(), 0.01), bound(a, b))
 
 
+@pytest.mark.parametrize("alpha", [-0.5, float("inf"), float("nan")])
+def test_leaky_relu_of_a_zero_product_is_torchs(alpha):
+    """A product of zeros is +0.0: leaky_relu gives alpha * 0 there as torch does."""
+    k = compiled("C = leaky_relu(A @ B, alpha)")
+    a, b = torch.zeros(9, 7, dtype=torch.float16, device=DEVICE), randn(7, 5, dtype=torch.float16)
+    got, want = k(a, b, alpha), F.leaky_relu(a @ b, alpha)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got.signbit(), want.signbit()), got
+
+
 def test_linear_gelu_matches_torch():
     k = compiled("C = gelu(A @ W + b)")
     x, w, bias = randn(33, 70), randn(70, 31), randn(31)

@@ -258,6 +258,47 @@ def test_every_constexpr_of_a_patterns_kernels_is_refused_as_a_value_name(templa
             generate(VALUE_SPECS[TEMPLATE_PATTERNS[template]].format(name=name))
 
 
+_SCOPES = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
+
+
+def _host_binds(source: str) -> set[str]:
+    """The names that kernel f's host functions (f, f_moe: not jitted) assign, but for those that
+    comprehensions bind in their own scope."""
+    found = set()
+    for fn in ast.parse(source).body:
+        if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or not re.fullmatch(r"f(_\w+)?", fn.name):
+            continue
+        todo = list(fn.body)
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                found.add(node.id)
+            todo += [] if isinstance(node, _SCOPES) else ast.iter_child_nodes(node)
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])   # f16 GEMMs print a TMA branch besides
+@pytest.mark.parametrize("pattern", sorted(VALUE_SPECS))
+def test_no_value_takes_a_name_its_host_function_binds(pattern, dtype):
+    """A host function takes the spec's inputs as its arguments: each name it assigns for
+    itself is refused as a value's name, or no longer assigned there (a GEMM's host once set
+    its own ``tiles`` over an input of that name)."""
+    spec = VALUE_SPECS[pattern].replace("f32[", f"{dtype}[")
+    first = generate(spec.format(name="V"))
+    kernel, = first.kernels
+    own = {p.name for p in kernel.params} | {s.name for s in kernel.stmts}
+    own |= {d for p in kernel.params for d in p.shape or () if isinstance(d, str)}
+    names = sorted(_host_binds(first.source) - own)
+    assert names
+    for name in names:
+        try:
+            source = generate(spec.format(name=name)).source
+        except kgen.KgenError as e:
+            assert f"'{name}'" in str(e), str(e)
+            continue
+        assert name not in _host_binds(source), name
+
+
 @contextmanager
 def forced_chunk(columns: int):
     """KGEN_FORCE_CHUNK set while kernels are generated (a context, not a fixture: Hypothesis

@@ -175,8 +175,10 @@ KERNEL_LOCALS = frozenset({
     "start_pid", "num_tiles", "tile_id", "tile_id_c", "A_T", "B_T", "NUM_SMS", "TMA", "num_sms", "pid_k", "SPLIT_K",
     "split_k", "partials", "int64", "persistent", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "acc_lo", "acc_hi", "half",
     "N_VEC", "K_VEC"})
-# The host function's own locals: a spec's dimensions (host locals too) may not take them.
-HOST_LOCALS = frozenset({"config", "persistent", "A_T", "B_T", "num_sms", "num_tiles", "split_k", "partials"})
+# The host function's own locals: a spec's dimensions, parameters and outputs (host locals
+# too) may not take them.
+HOST_LOCALS = frozenset({"config", "persistent", "A_T", "B_T", "num_sms", "num_tiles", "split_k", "partials",
+                         "tiles"})
 
 
 @dataclass(frozen=True)

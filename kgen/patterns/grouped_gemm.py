@@ -181,7 +181,7 @@ INTERPRETER_CONFIG = (32, 32, 32, 2, 4, 1, 1)
 SCHEDULE_DEFAULTS = {**gemm.SCHEDULE_DEFAULTS, "programs_per_sm": 1}
 
 # Names the grouped kernels and host functions define for themselves: a spec's values
-# may not take them, and its dimensions (host locals) not the host's.
+# may not take the kernels', and its dimensions, parameters and outputs not the host's.
 KERNEL_LOCALS = gemm.KERNEL_LOCALS | frozenset({
     "g", "G", "T", "tile_start", "tile_ends", "num_tiles", "row_start", "row_starts", "row_ends", "row_counts",
     "past", "table", "layout", "ALIGNED", "G_BLOCK", "programs_per_sm", "FLATTEN", "rows", "M_column"})

@@ -47,10 +47,11 @@ def scalar_kind(dtype) -> str:
 
 def check_locals(kir: KernelIR, taken: frozenset[str], what: str, dims: frozenset[str] = frozenset()) -> None:
     """A spec's parameters and statements may not take a name that the generated kernel or
-    host function (``what``) defines for itself, nor its dimensions (host locals) one of
-    ``dims``, the host function's own."""
+    host function (``what``) defines for itself, nor its parameters, outputs and dimensions
+    (the host function's own arguments and locals) one of ``dims``, the host's locals."""
+    host_values = {p.name for p in kir.params} | {s.name for s in kir.outputs}
     for name, span in [(p.name, p.span) for p in kir.params] + [(s.name, s.span) for s in kir.stmts]:
-        if name in taken:
+        if name in taken or (name in dims and name in host_values):
             raise UnsupportedError(f"'{name}' is a name the generated {what} uses itself; rename it", span)
     for p in kir.params:
         for d in p.shape or ():

@@ -154,7 +154,8 @@ _LOCALS = frozenset({"row", "col", "row0", "col0", "rem", "mask", "row_mask", "c
                      "SHIFT", "VEC",
                      # ... and their chunks
                      "n_chunks", "whole_lo", "whole_hi", "n_ends", "end", "chunk_cols"})
-# The host function's own locals: a spec's dimensions (host locals too) may not take them.
+# The host function's own locals: a spec's dimensions, parameters and outputs (host locals too)
+# may not take them.
 _HOST_LOCALS = frozenset({"n_rows", "n_cols", "BLOCK_N", "BLOCK_ROWS", "SHIFT", "SPLIT", "NUM_WARPS", "PER_SM",
                           "ROW_VEC", "ODD", "WIDE", "kernel", "options", "device"})
 
