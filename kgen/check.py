@@ -501,17 +501,17 @@ class _Checker:
                 raise SpecError(f"'@' needs 2-D or 3-D operands, got {type_str(x.dtype, x.shape)}", side.span)
             if not x.dtype.is_float:
                 raise SpecError(f"'@' needs floating-point operands, got {type_str(x.dtype, x.shape)}", side.span)
-        if a.dtype is not b.dtype:
-            raise SpecError(f"'@' needs operands of one dtype, got {type_str(a.dtype, a.shape)} and "
-                            f"{type_str(b.dtype, b.shape)}; cast one of them", e.span)
         k_a, k_b = a.shape[-1], b.shape[-2]
         if not self._same_dim(k_a, k_b):
             raise SpecError(f"inner dimensions differ: {type_str(a.dtype, a.shape)} @ {type_str(b.dtype, b.shape)} "
                             f"({k_a} vs {k_b})", e.span)
-        batch = self._broadcast_shapes(a.shape[:-2], b.shape[:-2], a, b, e.span)
         for d, hint in ((a.shape[-2], "M"), (k_a, "K"), (b.shape[-1], "N")):
-            if isinstance(d, str) and not self.strict:
+            if isinstance(d, str) and not self.strict:    # a headerless call's dims, in messages too
                 self.hints.setdefault(d, hint)
+        if a.dtype is not b.dtype:
+            raise SpecError(f"'@' needs operands of one dtype, got {type_str(a.dtype, a.shape)} and "
+                            f"{type_str(b.dtype, b.shape)}; cast one of them", e.span)
+        batch = self._broadcast_shapes(a.shape[:-2], b.shape[:-2], a, b, e.span)
         return Node(Op.MATMUL, a.dtype, batch + (a.shape[-2], b.shape[-1]), (a, b), None, e.span)
 
     def call(self, e: S.Call, env: dict[str, Node]) -> Node:

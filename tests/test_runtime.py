@@ -185,6 +185,11 @@ def test_types_a_call_gives_that_the_spec_refuses_are_named(device):
     with pytest.raises(SpecError, match=re.escape("(types from this call: A: a list whose first is an f16 tensor "
                                                   "of rank 2, B: a list whose first is an f32 tensor of rank 2)")):
         kgen.compile("C = leaky_relu(A @ B)")([a, a], [b, b])
+    # the call's dims named as a GEMM reads them, [M, K] @ [K, N]
+    with pytest.raises(SpecError, match=re.escape("got f16[M, K] and f32[K, N]; cast one of them")):
+        kgen.compile("C = A @ B")(a, b)
+    with pytest.raises(SpecError, match=re.escape("got f16[L, M, K] and f32[K, N]; cast one of them")):
+        kgen.compile("C = A @ B")(a.expand(2, 5, 7), b)
 
 
 @pytest.mark.gpu
