@@ -260,6 +260,25 @@ def test_check_of_a_module_it_cannot_read_says_so(project, capsys, monkeypatch):
     assert "generated/silu_mul.py: stale (cannot read it: Permission denied)" in capsys.readouterr().out
 
 
+def test_check_advice_works_for_a_module_it_cannot_read(project, capsys):
+    """A module that cannot be read (a link to itself: root reads any file) may be anyone's:
+    the build says so and replaces it only when forced, which --check's command carries."""
+    (project / "generated").mkdir()
+    module = project / "generated" / "silu_mul.py"
+    module.symlink_to("silu_mul.py")
+    assert main(["build", "specs"]) == 1
+    assert "generated/silu_mul.py exists and cannot be read: Too many levels of symbolic links (use --force" \
+        in capsys.readouterr().err
+    assert main(["build", "specs", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "generated/silu_mul.py: stale (cannot read it: Too many levels of symbolic links)" in out
+    command = out.strip().splitlines()[-1].split("run: ")[1].split()
+    assert command[-1] == "--force"
+    assert main(command[1:]) == 0
+    assert not module.is_symlink() and main(["build", "specs", "--check"]) == 0
+    capsys.readouterr()
+
+
 def test_build_of_a_missing_path_fails(project, capsys):
     assert main(["build", "specs/nope.k"]) != 0
     assert "specs/nope.k: no such file" in capsys.readouterr().err
