@@ -47,9 +47,17 @@ class NotRegularFile(KgenError):
 
 
 def display_path(path: str | os.PathLike) -> str:
-    """Relative to the working directory where possible, with forward slashes."""
-    try:   # abspath, not resolve: a symlinked spec keeps its own name
-        return Path(os.path.abspath(path)).relative_to(os.getcwd()).as_posix()
+    """Relative to the working directory where possible, with forward slashes.  Links are kept
+    (a symlinked spec keeps its own name), but '..' is taken where the file system takes it:
+    after a symlinked folder it leads out of the folder linked to, not back up the path."""
+    absolute = os.path.abspath(path)
+    if ".." in Path(path).parts:
+        joined = os.path.join(os.getcwd(), path)
+        head, name = os.path.split(joined)
+        absolute = os.path.realpath(joined) if name in ("", ".", "..") else \
+            os.path.join(os.path.realpath(head), name)
+    try:
+        return Path(absolute).relative_to(os.getcwd()).as_posix()
     except ValueError:
         return Path(path).as_posix()
 

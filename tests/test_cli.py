@@ -685,6 +685,22 @@ def test_a_symlinked_spec_is_named_as_linked(project, capsys):
     assert "from specs/link.k" in (project / "out" / "link.py").read_text().splitlines()[0]
 
 
+def test_dot_dot_after_a_symlinked_folder_names_the_spec_it_reaches(project, capsys):
+    """specs/deep/../one.k, where deep links to sub/deeper, is sub/one.k (the file system takes
+    '..' from where the link leads): the header and --check's command name that file."""
+    (project / "sub" / "deeper").mkdir(parents=True)
+    shutil.copy(project / "specs" / "vector_add.k", project / "sub" / "one.k")
+    (project / "specs" / "deep").symlink_to(project / "sub" / "deeper")
+    assert main(["build", "specs/deep/../one.k", "-o", "specs/deep/.."]) == 0
+    assert "wrote sub/one.py" in capsys.readouterr().out
+    assert "from sub/one.k" in (project / "sub" / "one.py").read_text().splitlines()[0]
+    (project / "sub" / "one.py").unlink()
+    assert main(["build", "specs/deep/../one.k", "-o", "specs/deep/..", "--check"]) == 1
+    command = capsys.readouterr().out.strip().splitlines()[-1].split("run: ")[1]
+    assert command == "kgen build sub/one.k -o sub"
+    assert main(command.split()[1:]) == 0 and (project / "sub" / "one.py").is_file()
+
+
 @pytest.mark.parametrize("paths", [
     ["specs/vector_add.k", "specs/vector_add.k"], ["specs", "specs/vector_add.k"],
     ["./specs/vector_add.k", "specs/../specs/vector_add.k"],
