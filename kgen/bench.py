@@ -25,7 +25,7 @@ import torch
 from . import dtypes as D
 from .errors import KgenError
 from .files import check_name, display_path, existing_kind
-from .ir import KernelIR, Op, topo_order
+from .ir import REDUCTIONS, KernelIR, Op, topo_order
 from .reference import compare, evaluate
 
 # Sweeps by pattern: each point maps symbols to sizes ("rows" and "cols" are
@@ -140,9 +140,12 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
     if "square" in point:   # n x n x n matrices; a batch of 4 of them (B = n would fill no GPU's memory)
         return {s: 4 if s in out_shape[:-2] else point["square"] for s in syms}
-    if "rows" in point:
-        cols = out_shape[-1] if out_shape else syms[-1]
-        return {s: point["cols"] if s == cols else (point["rows"] if s == syms[0] else 1) for s in syms}
+    if "rows" in point:   # the reduced axis (the last of a reduction's input) takes "cols"
+        reduced = next((n for n in topo_order(o.node for o in kir.outputs) if n.op in REDUCTIONS), None)
+        row = [d for d in (reduced.inputs[0] if reduced else kir.outputs[0].node).shape]
+        cols = row[-1] if row and isinstance(row[-1], str) else None
+        first = next((d for d in row if isinstance(d, str) and d != cols), None)
+        return {s: point["cols"] if s == cols else (point["rows"] if s == first else 1) for s in syms}
     n = point["numel"]
     if len(out_shape) <= 1:
         return {s: n if s in out_shape or not out_shape else 1 for s in syms}
@@ -384,10 +387,14 @@ def bench(args) -> int:
         points = shape_points or SWEEPS.get(kernel.pattern, [{}])
         eager = _baseline(kernel.ir)
         compiled = None if args.no_compile else _compiled(eager)
+        timed_sizes = []
         for point in points:
             sizes = sizes_for(kernel.ir, point, sweep, known)
             if "groups" in point:
                 sizes["groups"] = point["groups"]
+            if sizes in timed_sizes:   # a sweep over a kernel of fixed sizes: timed once
+                continue
+            timed_sizes.append(sizes)
             shape_text = _shape_text(sizes)
             inputs = _allocating(f"make inputs of {shape_text}", make_inputs, kernel.ir, sizes, "cuda", None)
             ordered = [inputs[n] for n in kernel.inputs]

@@ -476,6 +476,24 @@ def test_the_gemm_sweep_keeps_a_batch_of_four():
     assert set(sizes_for(plain, SWEEPS["gemm"][0], sweep=True).values()) == {512}
 
 
+@pytest.mark.parametrize("spec, cols, rows", [
+    ("kernel f(X: f32[M, N]) -> Y: f32[M, N] { Y = X - max(X) }", "N", "M"),
+    ("kernel f(X: f32[M, K]) -> S: f32[M, 1] { S = sum(X) }", "K", "M"),       # the output has no K
+    ("kernel f(X: f32[B, R, K], w: f32[K]) -> Y: f32[B, R, K] { Y = X / sum(X) * w }", "K", "B"),
+    ("kernel f(X: f32[M, 8]) -> Y: f32[M, 8] { Y = X - max(X) }", None, "M"),
+    ("kernel f(X: f32[4, 8]) -> S: f32[4, 1] { S = sum(X) }", None, None),
+])
+def test_the_row_sweep_sets_the_reduced_axis(spec, cols, rows):
+    """`kgen bench` of a row reduction sweeps the reduced axis (the last of a reduction's input)
+    over the columns and one other axis over the rows; fixed sizes stay as the spec gives them."""
+    from kgen.bench import SWEEPS, sizes_for
+    kir = generate(spec).kernels[0]
+    for point in SWEEPS["row_reduce"]:
+        want = {d: 1 for d in kir.params[0].shape if isinstance(d, str)}
+        want.update({d: point[key] for d, key in ((cols, "cols"), (rows, "rows")) if d})
+        assert sizes_for(kir, point, sweep=True) == want
+
+
 def test_retyped_changes_only_tensor_types():
     from kgen.bench import retyped
     text = ("# f32[N] in a comment: f32\nkernel k(x: f32[N], w: [f16[N]], eps: f32 = 1e-5, n: i32) -> (y: f32[N], "
