@@ -136,7 +136,7 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
         if GROUPS in given and not 1 <= given[GROUPS] <= MAX_GROUPS:
             raise KgenError(f"--shape: {GROUPS}= is the number of problems of {kir.name}'s lists, "
                             f"expected 1 to {MAX_GROUPS}, got {given[GROUPS]}")
-        return {**{s: 64 for s in syms if s not in given}, **given}
+        return {**{s: given.get(s, 64) for s in syms}, **given}   # in the kernel's order, groups= last
     out_shape = [d for d in kir.outputs[0].node.shape if isinstance(d, str)]
     if "square" in point:   # n x n x n matrices; a batch of 4 of them (B = n would fill no GPU's memory)
         return {s: 4 if s in out_shape[:-2] else point["square"] for s in syms}
@@ -298,7 +298,7 @@ def _run_kernel(kernel, sizes: dict[str, int], device: str, interpreted: bool, s
     elapsed = time.perf_counter() - start
     want = _allocating(f"evaluate the reference of {shape_text}", evaluate, kernel.ir, inputs)
     print(f"{kernel.name} ({kernel.pattern}) on {'the interpreter' if interpreted else torch.cuda.get_device_name()}"
-          f" with {shape_text or 'scalars'}:")
+          f" with {shape_text or 'the sizes it declares'}:")
     mismatched = []
     for name, g, w in zip(kernel.outputs, got, want):
         shown = f"{g.dtype} {tuple(g.shape)}" if not isinstance(g, list) else \

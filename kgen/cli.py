@@ -227,7 +227,7 @@ def cmd_build(args) -> int:
     if not files and args.check and _orphans(args.out, [p for p in args.paths if os.path.isdir(p)], set()):
         return _check(args, [])   # a folder's last spec deleted: its module is still an orphan
     if not files:
-        raise KgenError(f"no .k files under {', '.join(map(str, args.paths))}")
+        raise KgenError(f"no .k files under {', '.join(printable(display_path(p)) for p in args.paths)}")
     results, failed = [], 0
     for f in files:  # generate every file before writing any: a failure writes nothing
         try:

@@ -120,10 +120,10 @@ def existing_kind(path: str | os.PathLike) -> str | None:
 def folder_problem(out: Path) -> str | None:
     """Why ``out`` cannot be the folder a build writes into, or None: it, or the nearest path
     above it that is there, is not a folder (a file, ``-o file/sub`` too), or it is a link to
-    nothing (which the build could neither follow nor make)."""
-    if os.path.islink(out) and not os.path.exists(out):
-        return f"{display_path(out)} is a symbolic link ({os.readlink(out)}) that leads to no folder to write into"
+    nothing, or lies under one (which the build could neither follow nor make)."""
     above = next((p for p in (out, *out.parents) if os.path.lexists(p)), None)
+    if above is not None and os.path.islink(above) and not os.path.exists(above):
+        return f"{display_path(above)} is a symbolic link ({os.readlink(above)}) that leads to no folder to write into"
     if above is not None and not os.path.isdir(above):
         return f"{display_path(above)} is a file, not a folder to write into"
     return None

@@ -550,8 +550,9 @@ def test_run_over_rows_of_no_columns(project, capsys, name):
 def test_run_in_f32_a_gemm_whose_schedule_lists_tma(project, capsys):
     """matmul_leaky_relu's schedule lists TMA = [0, 1]: f32 operands take the tiled candidates."""
     assert main(["run", str(ROOT / "specs" / "matmul_leaky_relu.k"), "--dtype", "f32",
-                 "--shape", "M=32,K=32,N=32"]) == 0
-    assert "C: torch.float32 (32, 32)  max abs error" in capsys.readouterr().out
+                 "--shape", "N=32,K=32"]) == 0
+    out = capsys.readouterr().out   # the sizes in the kernel's order, M not given: 64
+    assert "with M=64, K=32, N=32:" in out and "C: torch.float32 (64, 32)  max abs error" in out
 
 
 BIG = "kernel big(S: f32[M, 1], W: f32[N]) -> Y: f32[M, N] {\n    Y = S + W - max(S + W)\n}\n"
@@ -648,7 +649,8 @@ def test_build_refuses_targets_it_cannot_write_before_writing_any(project, capsy
     assert "outfile is a file, not a folder" in capsys.readouterr().err
     os.symlink("nowhere", project / "dangling")
     for out, why in (("outfile/sub", "outfile is a file, not a folder"),
-                     ("dangling", "dangling is a symbolic link (nowhere) that leads to no folder")):
+                     ("dangling", "dangling is a symbolic link (nowhere) that leads to no folder"),
+                     ("dangling/sub", "dangling is a symbolic link (nowhere) that leads to no folder")):
         for check in ([], ["--check"]):   # --check, too, says the build could not write there
             assert main(["build", "specs", "-o", out, *check]) == 1
             assert f"error: {why}" in capsys.readouterr().err
@@ -675,6 +677,9 @@ def test_paths_with_control_characters_print_on_one_line(project, capsys):
     assert main(["build", "nl", "-o", "out", "--check"]) == 1
     out = capsys.readouterr().out
     assert "out/a\\nb\\x1b[2J.py: orphaned (nl/a\\x0ab.k is gone" in out and "\x1b" not in out
+    (project / "e\nmpty").mkdir()
+    assert main(["build", "e\nmpty"]) == 1
+    assert "error: no .k files under e\\nmpty\n" in capsys.readouterr().err
 
 
 def test_build_skips_what_is_not_a_file_and_writes_readable_files(project, capsys):
