@@ -262,7 +262,7 @@ class Kernel:
                     raise CallError(f"{label}: config: {KINDS[self.pattern]} kernel takes no config (its host "
                                     f"picks the launch per call)") from None
                 raise CallError(f"{signature}: {e}") from None
-            if "config" in kwargs:   # a config given by hand that the host function or Triton refused
+            if "config" in kwargs and not isinstance(e, torch.OutOfMemoryError):   # a config the host or Triton refused
                 raise CallError(f"{label}: config={kwargs['config']!r} does not fit this kernel "
                                 f"({type(e).__name__}: {_reason(e)})") from None
             raise
@@ -397,7 +397,7 @@ class HeaderlessKernel:
     def _bind(self, args, kwargs):
         if not kwargs:
             return args
-        bound = list(args) + [None] * (len(self.inputs) - len(args))
+        bound = list(args) + [_MISSING] * (len(self.inputs) - len(args))   # (None given is a bad value)
         for name, value in kwargs.items():
             if name not in self.inputs:
                 raise CallError(f"unknown input '{name}'; the inputs are {', '.join(self.inputs)}")
@@ -405,7 +405,7 @@ class HeaderlessKernel:
             if i < len(args):
                 raise CallError(f"input '{name}' given twice")
             bound[i] = value
-        missing = [n for n, v in zip(self.inputs, bound) if v is None]
+        missing = [n for n, v in zip(self.inputs, bound) if v is _MISSING]
         if missing:
             raise CallError(f"missing input(s): {', '.join(missing)}")
         return tuple(bound)
@@ -427,9 +427,9 @@ class HeaderlessKernel:
             elif k in (bool, int, float):
                 types.append(Arg({bool: D.BOOL, int: D.I32, float: D.F32}[k], None))
             elif isinstance(a, (list, tuple)):   # a list whose first problem is not a tensor
-                raise CallError(f"{name}[0]: expected a tensor (one per problem), got {type(a[0]).__name__}")
+                raise CallError(f"{name}[0]: expected a tensor (one per problem), got {_type_name(type(a[0]))}")
             else:
-                raise CallError(f"{name}: expected a tensor or a Python number, got {k.__name__}")
+                raise CallError(f"{name}: expected a tensor or a Python number, got {_type_name(k)}")
         try:
             generated = generate(self.text, self.path, {self._syntax.name.id: tuple(types)})
         except SpecError as e:
@@ -686,6 +686,14 @@ def compile_text(text: str, path: str):
 def _declared(text: str, path: str, index: int) -> Kernel:
     generated = generate(text, path)
     return Kernel(generated, index, (_declared, (text, path, index)))
+
+
+_MISSING = object()   # an input no argument gave
+
+
+def _type_name(kind: type) -> str:
+    """A type as a message names it: numpy's float32 is "numpy.float32", not a torch dtype's name."""
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
 
 
 def _call_type(arg: Arg, value) -> str:

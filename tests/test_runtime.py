@@ -138,6 +138,8 @@ HEADERLESS = "Y = X * sigmoid(X) + B"
     ((torch.randn(1, 2, 1, 2, 1, device=DEVICE), x16(8)), {}, ["X:", "rank 5"]),
     ((x16(4, 8), "s"), {}, ["B:", "expected a tensor or a Python number, got str"]),
     ((x16(4, 8), None), {}, ["B:", "got NoneType"]),
+    ((x16(4, 8),), {"B": None}, ["B:", "got NoneType"]),      # given, as None: not missing
+    ((x16(4, 8), np.float32(2)), {}, ["B:", "got numpy.float32"]),   # not torch's float32
     ((x16(4, 8), x16(7)), {}, ["B:", "f16[N] = [8]", "from X", "got shape (7,)"]),
     ((x16(4, 8), x16(5, 8)), {}, ["B:", "got shape (5, 8)"]),
     ((x16(4, 8), x16(8)), {"out": torch.empty(4, 8, device=DEVICE)}, ["out (Y)", "torch.float16", "torch.float32"]),
