@@ -17,6 +17,9 @@ class NotCurrentDevice(ArgumentError):
 
 # offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
+# sizes below this are int32 in a kernel: 2**24 short of 2**31, room for what the kernel adds to one
+# (a grid-stride loop's next step, the rows or columns of a tile past the last, a ceiling division)
+_SIZE_LIMIT = 2**31 - 2**24
 
 
 def _type_name(value):
@@ -147,7 +150,10 @@ def _self_overlapping(t):
     return False
 
 
-def _needs_int64(*tensors):
+def _needs_int64(*tensors, sizes=()):
+    """INT64: a tensor's offsets pass int32, or one of the kernel's sizes comes within reach of it."""
+    if max(sizes, default=0) >= _SIZE_LIMIT:
+        return True
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
     for t in tensors:
@@ -272,6 +278,10 @@ def bmm_kernel(
     # A[B, M, K] @ W[B, K, N] -> C[B, M, N], one BLOCK_M x BLOCK_N tile per program
     # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
     # pid_k + SPLIT_K, ... of K into partials, bmm_split_k_kernel adds them up)
+    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: the tile arithmetic in int64
+        M = tl.cast(M, tl.int64)
+        N = tl.cast(N, tl.int64)
+        K = tl.cast(K, tl.int64)
     # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
     # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
     # 1000 16-bit elements in 16-byte vectors, not an element at a time
@@ -364,6 +374,9 @@ def bmm_split_k_kernel(
     # partial sums of bmm_kernel, then runs the epilogue (the tiles on one grid
     # axis, which CUDA does not bound at 65535 as it does the others)
     pid = tl.program_id(0)
+    if INT64:  # (a size within reach of 2**31: the tile arithmetic in int64)
+        M = tl.cast(M, tl.int64)
+        N = tl.cast(N, tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid % num_pid_m
@@ -464,7 +477,7 @@ def bmm(A, W, scale, R, *, out=None, config=None):
     config = {key: value for key, value in config.items() if key != "SPLIT_K"}
     # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up
     partials = torch.empty((B, split_k, M, N), device=device, dtype=torch.float32) if split_k > 1 else C
-    int64 = _needs_int64(A, W, scale, R, C, partials)
+    int64 = _needs_int64(A, W, scale, R, C, partials, sizes=(M, N, K))
     grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]) * B, split_k)
     bmm_kernel[grid](
         A, W, scale, R, C, partials,

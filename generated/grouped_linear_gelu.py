@@ -17,6 +17,9 @@ class NotCurrentDevice(ArgumentError):
 
 # offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
+# sizes below this are int32 in a kernel: 2**24 short of 2**31, room for what the kernel adds to one
+# (a grid-stride loop's next step, the rows or columns of a tile past the last, a ceiling division)
+_SIZE_LIMIT = 2**31 - 2**24
 
 
 def _type_name(value):
@@ -147,7 +150,10 @@ def _self_overlapping(t):
     return False
 
 
-def _needs_int64(*tensors):
+def _needs_int64(*tensors, sizes=()):
+    """INT64: a tensor's offsets pass int32, or one of the kernel's sizes comes within reach of it."""
+    if max(sizes, default=0) >= _SIZE_LIMIT:
+        return True
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
     for t in tensors:
@@ -272,12 +278,12 @@ def _has_tma(device):
 def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
-    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
-    16-byte aligned).  It reads x's sizes and strides, those of the last two axes swapped for
+    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, not
+    16-byte aligned, or a size past its int32 coordinates).  It reads x's sizes and strides, those of the last two axes swapped for
     the transpose: no view of x is made at each call."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, strides = list(x.shape), list(x.stride())
-    if 0 in shape:
+    if 0 in shape or max(shape) >= _SIZE_LIMIT:   # (TMA coordinates are int32)
         return None, False
     block = [1] * (len(shape) - 2) + [rows, cols]
     transposed = strides[-1] != 1
@@ -495,7 +501,8 @@ def _group_table(device, M, N, K, tensors, config, vector, unread=()):
             reach = max([reach, *(max(s, default=0) for s in ss)])
         # offsets reach at most 2 * (largest size) * (largest stride): most groups need no closer look
         layout.update(G_BLOCK=_group_block(len(M)), EVEN_K=all(K[i] % block_k == 0 for i in live),
-                      ALIGNED=aligned, INT64=2 * max(*M, *N, *K, 1) * reach >= _I32_LIMIT and _needs_int64(*used))
+                      ALIGNED=aligned, INT64=2 * max(*M, *N, *K, 1) * reach >= _I32_LIMIT and _needs_int64(*used)
+                      or max(*M, *N, *K) >= _SIZE_LIMIT)
         cached = (_to_device(rows, torch.int64, device), tiles, layout, shared)
         if not capturing:   # in a capture the copy runs at the replays: the table is empty until then
             if len(_GROUP_TABLES) >= 256:
@@ -593,9 +600,9 @@ def _row_end(o):
 
 def _group_offs(offs, G, device, source, T, rows):
     """The MoE form's row ends: a 1-D int32 or int64 tensor of G (a list of ints is copied over);
-    the kernel holds row numbers in int32."""
-    if T >= 2**31:
-        raise ArgumentError(f"{rows}: expected fewer than 2**31 rows, got {T}")
+    the kernel holds row numbers in int32, with room for a tile past the last."""
+    if T >= _SIZE_LIMIT:
+        raise ArgumentError(f"{rows}: expected fewer than 2**31 - 2**24 rows, got {T}")
     if isinstance(offs, (list, tuple)):
         ends = [_row_end(o) for o in offs]
         if None in ends:
@@ -886,6 +893,9 @@ def grouped_linear_gelu_moe_kernel(
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
+    if INT64:  # offsets past 2**31 elements, or N or K within reach of 2**31: the tile arithmetic in int64
+        N = tl.cast(N, tl.int64)
+        K = tl.cast(K, tl.int64)
     idx = tl.arange(0, G_BLOCK)
     row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
     row_ends = tl.associative_scan(row_ends, 0, _group_max)
@@ -963,6 +973,9 @@ def grouped_linear_gelu_moe_tma_kernel(
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
+    if INT64:  # offsets past 2**31 elements, or N or K within reach of 2**31: the tile arithmetic in int64
+        N = tl.cast(N, tl.int64)
+        K = tl.cast(K, tl.int64)
     idx = tl.arange(0, G_BLOCK)
     row_ends = tl.minimum(tl.maximum(tl.load(offs_ptr + idx, mask=idx < G, other=0), 0), T).to(tl.int32)
     row_ends = tl.associative_scan(row_ends, 0, _group_max)
@@ -1123,7 +1136,9 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
                 G, T, N, K,
                 b.stride(0), b.stride(1),
                 Y.stride(0), Y.stride(1),
-                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y), **_group_launch(config, device, 2),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y, sizes=(T, N,
+                                                                                        K)), **_group_launch(config,
+                                                                                                             device, 2),
             )
             return Y
     # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
@@ -1135,6 +1150,6 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
         b.stride(0), b.stride(1),
         Y.stride(0), Y.stride(1),
         G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
-        INT64=_needs_int64(X, W, b, Y), **_group_launch(config, device, 2),
+        INT64=_needs_int64(X, W, b, Y, sizes=(T, N, K)), **_group_launch(config, device, 2),
     )
     return Y

@@ -17,6 +17,9 @@ class NotCurrentDevice(ArgumentError):
 
 # offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
+# sizes below this are int32 in a kernel: 2**24 short of 2**31, room for what the kernel adds to one
+# (a grid-stride loop's next step, the rows or columns of a tile past the last, a ceiling division)
+_SIZE_LIMIT = 2**31 - 2**24
 
 
 def _type_name(value):
@@ -147,7 +150,10 @@ def _self_overlapping(t):
     return False
 
 
-def _needs_int64(*tensors):
+def _needs_int64(*tensors, sizes=()):
+    """INT64: a tensor's offsets pass int32, or one of the kernel's sizes comes within reach of it."""
+    if max(sizes, default=0) >= _SIZE_LIMIT:
+        return True
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
     for t in tensors:
@@ -278,12 +284,12 @@ def _has_tma(device):
 def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
-    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
-    16-byte aligned).  It reads x's sizes and strides, those of the last two axes swapped for
+    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, not
+    16-byte aligned, or a size past its int32 coordinates).  It reads x's sizes and strides, those of the last two axes swapped for
     the transpose: no view of x is made at each call."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, strides = list(x.shape), list(x.stride())
-    if 0 in shape:
+    if 0 in shape or max(shape) >= _SIZE_LIMIT:   # (TMA coordinates are int32)
         return None, False
     block = [1] * (len(shape) - 2) + [rows, cols]
     transposed = strides[-1] != 1
@@ -318,6 +324,10 @@ def linear_gelu_kernel(
     # X[M, K] @ W[K, N] -> Y[M, N], one BLOCK_M x BLOCK_N tile per program
     # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
     # pid_k + SPLIT_K, ... of K into partials, linear_gelu_split_k_kernel adds them up)
+    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: the tile arithmetic in int64
+        M = tl.cast(M, tl.int64)
+        N = tl.cast(N, tl.int64)
+        K = tl.cast(K, tl.int64)
     # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
     # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
     # 1000 16-bit elements in 16-byte vectors, not an element at a time
@@ -396,6 +406,9 @@ def linear_gelu_split_k_kernel(
     # partial sums of linear_gelu_kernel, then runs the epilogue (the tiles on one grid
     # axis, which CUDA does not bound at 65535 as it does the others)
     pid = tl.program_id(0)
+    if INT64:  # (a size within reach of 2**31: the tile arithmetic in int64)
+        M = tl.cast(M, tl.int64)
+        N = tl.cast(N, tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid % num_pid_m
@@ -573,7 +586,7 @@ def linear_gelu(X, W, b, *, out=None, config=None):
     config = {key: value for key, value in config.items() if key != "SPLIT_K"}
     # SPLIT_K > 1: the programs of a tile write f32 partial sums, a second kernel adds them up
     partials = torch.empty((split_k, M, N), device=device, dtype=torch.float32) if split_k > 1 else Y
-    int64 = _needs_int64(X, W, b, Y, partials)
+    int64 = _needs_int64(X, W, b, Y, partials, sizes=(M, N, K))
     grid = (_cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"]), split_k)
     linear_gelu_kernel[grid](
         X, W, b, Y, partials,

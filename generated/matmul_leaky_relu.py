@@ -17,6 +17,9 @@ class NotCurrentDevice(ArgumentError):
 
 # offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
+# sizes below this are int32 in a kernel: 2**24 short of 2**31, room for what the kernel adds to one
+# (a grid-stride loop's next step, the rows or columns of a tile past the last, a ceiling division)
+_SIZE_LIMIT = 2**31 - 2**24
 
 
 def _type_name(value):
@@ -163,7 +166,10 @@ def _self_overlapping(t):
     return False
 
 
-def _needs_int64(*tensors):
+def _needs_int64(*tensors, sizes=()):
+    """INT64: a tensor's offsets pass int32, or one of the kernel's sizes comes within reach of it."""
+    if max(sizes, default=0) >= _SIZE_LIMIT:
+        return True
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
     for t in tensors:
@@ -294,12 +300,12 @@ def _has_tma(device):
 def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
-    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, or not
-    16-byte aligned).  It reads x's sizes and strides, those of the last two axes swapped for
+    contiguous; (None, False) where TMA cannot address it (neither axis contiguous, not
+    16-byte aligned, or a size past its int32 coordinates).  It reads x's sizes and strides, those of the last two axes swapped for
     the transpose: no view of x is made at each call."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, strides = list(x.shape), list(x.stride())
-    if 0 in shape:
+    if 0 in shape or max(shape) >= _SIZE_LIMIT:   # (TMA coordinates are int32)
         return None, False
     block = [1] * (len(shape) - 2) + [rows, cols]
     transposed = strides[-1] != 1
@@ -330,6 +336,10 @@ def matmul_leaky_relu_kernel(
     C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N], one BLOCK_M x BLOCK_N tile per program
+    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: the tile arithmetic in int64
+        M = tl.cast(M, tl.int64)
+        N = tl.cast(N, tl.int64)
+        K = tl.cast(K, tl.int64)
     # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
     # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
     # 1000 16-bit elements in 16-byte vectors, not an element at a time
@@ -517,7 +527,8 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
         A.stride(0), A.stride(1),
         B.stride(0), B.stride(1),
         C.stride(0), C.stride(1),
-        EVEN_K=K % config["BLOCK_K"] == 0, INT64=_needs_int64(A, B, C),
+        EVEN_K=K % config["BLOCK_K"] == 0,
+        INT64=_needs_int64(A, B, C, sizes=(M, N, K)),
         N_VEC=_vec(N), K_VEC=_vec(K),
         A_VEC0=_vec(A.stride(0)), A_VEC1=_vec(A.stride(1)),
         B_VEC0=_vec(B.stride(0)), B_VEC1=_vec(B.stride(1)),

@@ -17,6 +17,9 @@ class NotCurrentDevice(ArgumentError):
 
 # offsets below this are int32: 2**16 short of 2**31, room for a tile's masked lanes past the last element
 _I32_LIMIT = 2**31 - 2**16
+# sizes below this are int32 in a kernel: 2**24 short of 2**31, room for what the kernel adds to one
+# (a grid-stride loop's next step, the rows or columns of a tile past the last, a ceiling division)
+_SIZE_LIMIT = 2**31 - 2**24
 
 
 def _type_name(value):
@@ -163,7 +166,10 @@ def _self_overlapping(t):
     return False
 
 
-def _needs_int64(*tensors):
+def _needs_int64(*tensors, sizes=()):
+    """INT64: a tensor's offsets pass int32, or one of the kernel's sizes comes within reach of it."""
+    if max(sizes, default=0) >= _SIZE_LIMIT:
+        return True
     # a tensor's elements lie in its storage: one under the limit in bytes (so in elements)
     # needs no int64 offsets whatever its strides, and that test is cheap
     for t in tensors:
@@ -286,10 +292,8 @@ def _rmsnorm_tile(
 ):
     # One tile on chip: rows row0 to row0 + BLOCK_ROWS - 1 (those past n_rows masked), each whole.
     # ROW_VEC divides every row's start (the hint on the offsets), as it divides n_cols.
-    row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
+    row = (tl.cast(row0, tl.int64) if INT64 else row0) + tl.arange(0, BLOCK_ROWS)[:, None]
     row_mask = row < n_rows
-    if INT64:
-        row = row.to(tl.int64)
     mask = row_mask & col_mask
     # mean(X * X, axis=-1)
     X = tl.load(X_ptr + tl.multiple_of(row * X_stride0 + col * X_stride1, [1, ROW_VEC]), mask=mask,
@@ -319,6 +323,9 @@ def rmsnorm_kernel(
     # ROW_VEC: a power of two that divides n_cols and every row stride (the host's _row_vec);
     # `n_cols // ROW_VEC * ROW_VEC`, which is n_cols, shows Triton that the mask holds or fails
     # for ROW_VEC columns at once, so that whole vectors move.
+    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: rows and columns in int64
+        n_rows = tl.cast(n_rows, tl.int64)
+        n_cols = tl.cast(n_cols, tl.int64)
     col = tl.arange(0, BLOCK_N)[None, :]
     col_mask = (col < n_cols // ROW_VEC * ROW_VEC) | EVEN_N
     if INT64:
@@ -346,6 +353,9 @@ def rmsnorm_looped_kernel(
     # opposite to the one before.  SHIFT: the rows are not 16-byte aligned; chunks start at
     # the boundary below the row (lanes, shift before its columns), so that memory moves in
     # whole 16-byte vectors.
+    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: rows and columns in int64
+        n_rows = tl.cast(n_rows, tl.int64)
+        n_cols = tl.cast(n_cols, tl.int64)
     n_lanes = n_cols
     if SHIFT:
         n_lanes = n_cols + VEC - 1  # lanes start up to VEC - 1 columns before the row
@@ -355,10 +365,8 @@ def rmsnorm_looped_kernel(
     whole_hi = tl.maximum(n_cols // BLOCK_N, whole_lo)
     n_ends = whole_lo + n_chunks - whole_hi  # the others hold the row's ends
     for row0 in tl.range(tl.program_id(0) * BLOCK_ROWS, n_rows, tl.num_programs(0) * BLOCK_ROWS):
-        row = row0 + tl.arange(0, BLOCK_ROWS)[:, None]
+        row = (tl.cast(row0, tl.int64) if INT64 else row0) + tl.arange(0, BLOCK_ROWS)[:, None]
         row_mask = row < n_rows
-        if INT64:
-            row = row.to(tl.int64)
         X_row = row * X_stride0
         Y_row = row * Y_stride0
         shift = 0
@@ -531,6 +539,6 @@ def rmsnorm(X, W, eps=1e-06, *, out=None):
         X, W, eps, Y,
         n_rows, n_cols,
         X.stride(0), X.stride(1), W.stride(0), Y.stride(0), Y.stride(1),
-    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, INT64=_needs_int64(X, W, Y),
+    ), BLOCK_ROWS=BLOCK_ROWS, BLOCK_N=BLOCK_N, INT64=_needs_int64(X, W, Y, sizes=(n_rows, n_cols)),
         num_warps=NUM_WARPS, **options)
     return Y
