@@ -978,6 +978,8 @@ def test_needs_int64_helper():
     assert needs(torch.empty(3, 2**30, device="meta")[:, :1])       # large stride, 3 elements
     assert not needs(torch.empty(2**20, device="meta"))
     assert not needs(torch.empty(2**31 + 5, device="meta")[:100])  # a big storage, a small view of it
+    limit = k.module._SIZE_LIMIT   # a size within reach of 2**31 (a kernel adds a tile or a step to it)
+    assert needs(sizes=(3, limit)) and not needs(torch.empty(3), sizes=(3, limit - 1)) and not needs()
 
 
 def test_host_integer_helpers_match_triton():
@@ -1046,6 +1048,13 @@ schedule twice {
     launches = _meta_launches(scheduled.module, watch, monkeypatch)
     scheduled(meta(n), out=meta(n))
     assert _block(launches) == (512, 4)
+
+    for schedule in ("num_warps = 4", "BLOCK_SIZE = 1024", "BLOCK_SIZE = [256, 1024]\n    num_warps = [8, 4]"):
+        pinned = kgen.compile(f"kernel twice(x: f32[N]) -> y: f32[N] {{ y = x * 2 }}\n"
+                              f"schedule twice {{\n    {schedule}\n}}")
+        launches = _meta_launches(pinned.module, watch, monkeypatch)
+        pinned(meta(n), out=meta(n))   # the defaults' values given are kept; untuned, lists give their first
+        assert _block(launches) == ((1024, 4) if "[" not in schedule else (256, 8)), schedule
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (1, 1)])

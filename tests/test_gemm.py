@@ -339,7 +339,7 @@ def test_int64_offsets_path(monkeypatch):
     k(a, b, r)
     module = k._last.module
     calls = []
-    monkeypatch.setattr(module, "_needs_int64", lambda *ts: calls.append(len(ts)) or True)
+    monkeypatch.setattr(module, "_needs_int64", lambda *ts, sizes=(): calls.append(len(ts)) or True)
     assert_close(k(a, b, r), a.double() @ b.double() + r.double(), bound(a, b))
     assert calls
 
@@ -496,7 +496,7 @@ def test_split_k_int64_offsets(monkeypatch, batch):
     a, b, r = randn(*batch, 33, 40), randn(40, 35), randn(*batch, 33, 35)
     k(a, b, r)
     module = k._last.module
-    monkeypatch.setattr(module, "_needs_int64", lambda *ts: True)
+    monkeypatch.setattr(module, "_needs_int64", lambda *ts, sizes=(): True)
     assert_close(getattr(module, k._last.name)(a, b, r, config=split_config(3)), a.double() @ b.double() + r.double(),
                  bound(a, b))
 
@@ -678,6 +678,20 @@ def test_bad_schedule(schedule, message):
             f"schedule g {{\n  {schedule}\n}}\n")
     with pytest.raises(kgen.SpecError, match=message):
         generate(spec)
+
+
+@pytest.mark.parametrize("lists", [False, True])
+@pytest.mark.parametrize("schedule, at", [("BLOCK_M = [64, 2048]\n  BLOCK_N = 1024", (5, 18)),
+                                          ("BLOCK_K = 16384", (5, 13))])
+def test_a_schedules_tiles_fit_tritons_largest_tensor(lists, schedule, at):
+    """Tiles whose product passes 2**20 elements (Triton's largest tensor, which the host's
+    config check refuses) are an error at the larger value, in GEMM and grouped GEMM specs."""
+    header = ("(A: [f16[M, K]], B: [f16[K, N]]) -> C: [f16[M, N]]" if lists else
+              "(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N]")
+    spec = f"kernel g{header} {{\n  C = A @ B\n}}\nschedule g {{\n  {schedule}\n}}\n"
+    with pytest.raises(kgen.SpecError, match=r"must be at most 2\*\*20 \(Triton's largest tensor\)") as info:
+        generate(spec)
+    assert (info.value.span.line, info.value.span.col) == at, str(info.value)
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -1289,3 +1303,24 @@ def test_bf16_matmuls_run_on_cuda_and_are_refused_by_the_interpreter():
         else:
             with pytest.raises(kgen.CallError, match=f"{name}: bf16 matmuls need a CUDA device"):
                 call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, k", [(1, 2**31 - 1000), (2**31 - 1000, 1)], ids=["deep", "tall"])
+def test_gpu_sizes_within_reach_of_2_31(untuned, m, k):
+    """M or K under 2**31 but within a tile of it: the kernel's tile arithmetic goes int64 (a K
+    of 2**31 - 1 had left its last slice out: a product of 0), and TMA, whose coordinates are
+    int32, steps aside."""
+    kernel = kgen.compile("C = A @ B")
+    if k > 1:   # a few nonzero products, first and last along K
+        a = torch.zeros(m, k, dtype=torch.float16, device="cuda")
+        b = torch.zeros(k, 1, dtype=torch.float16, device="cuda")
+        a[0, 0], a[0, -1], b[0, 0], b[-1, 0] = 2.0, 1.0, 5.0, 3.0
+    else:       # small integers: every product exact
+        a = torch.randint(-3, 4, (m, k), dtype=torch.float16, device="cuda")
+        b = torch.full((k, 1), 2.0, dtype=torch.float16, device="cuda")
+    c = kernel(a, b)
+    for got, rows in zip(c.split(2**28), a.split(2**28)):   # (torch's temporaries)
+        assert torch.equal(got, rows @ b)
+    del a, b, c
+    torch.cuda.empty_cache()

@@ -725,8 +725,8 @@ def test_moe_calls_without_offs_or_with_too_many_rows():
         declared.moe(a.half(), w.half())
     with pytest.raises(kgen.CallError, match="offs: expected a 1-D int32 or int64 tensor"):
         k.moe(a, w, offs=torch.tensor(3, dtype=torch.int32, device=DEVICE))
-    tall = torch.zeros(1, 8, device=DEVICE).expand(2**31, 8)    # row numbers past int32
-    with pytest.raises(kgen.CallError, match="A: expected fewer than 2\\*\\*31 rows"):
+    tall = torch.zeros(1, 8, device=DEVICE).expand(2**31 - 2**24, 8)   # row numbers (and a tile past them) past int32
+    with pytest.raises(kgen.CallError, match=f"A: expected fewer than 2\\*\\*31 - 2\\*\\*24 rows, got {2**31 - 2**24}"):
         k.moe(tall, w, offs=[1, 2, 3])
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -940,12 +941,14 @@ def test_force_chunk_environment_knob(monkeypatch):
         kgen.compile(text + "\n")
 
 
-@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0662", "8.0", "-8", "0", "2097152"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663\u0662", "8.0", "-8", "0", "2097152", "1" * 5000])
 def test_a_forced_chunk_that_is_not_ascii_digits_is_a_kgen_error(monkeypatch, value):
     """'²' passes str.isdigit() but not int(): a KgenError naming the knob, not a ValueError; so is
-    a chunk past Triton's largest tensor (2**20 elements), as a schedule's BLOCK_N would be."""
+    a chunk past Triton's largest tensor (2**20 elements), as a schedule's BLOCK_N would be, and
+    one of more digits than int() takes (shown cut short)."""
     monkeypatch.setenv("KGEN_FORCE_CHUNK", value)
-    with pytest.raises(KgenError, match=f"KGEN_FORCE_CHUNK={value!r}: expected a power of two"):
+    shown = value if len(value) <= 20 else value[:20] + "..."
+    with pytest.raises(KgenError, match=f"KGEN_FORCE_CHUNK={shown!r}: expected a power of two"):
         kgen.compile((SPECS / "softmax.k").read_text() + f"\n# {value!r}\n")
 
 
@@ -1380,6 +1383,22 @@ def test_schedule_errors(schedule, message):
         kgen.compile(text)
 
 
+@pytest.mark.parametrize("cols, chunk", [(20000, None), (2048, None), (3000, "1024")])
+def test_a_scheduled_block_rows_stays_within_tritons_largest_tile(cols, chunk, monkeypatch):
+    """A schedule's BLOCK_ROWS is taken up to Triton's largest tile, 2**20 elements, at the
+    BLOCK_N of each call (64 rows of 32768 columns had Triton refuse the kernel)."""
+    if chunk:
+        monkeypatch.setenv("KGEN_FORCE_CHUNK", chunk)
+    text = (SPECS / "softmax.k").read_text().replace("f16", "f32") + "\nschedule softmax { BLOCK_ROWS = 1024 }\n"
+    kernel = kgen.compile(text)
+    launched = []
+    monkeypatch.setattr(kernel.module, "launch_rows", lambda *args, **options: launched.append(options))
+    kernel(torch.empty(4096, cols, device=DEVICE))   # (recorded, not run: the interpreter takes minutes)
+    rows, block = launched[0]["BLOCK_ROWS"], launched[0]["BLOCK_N"]
+    assert block == (int(chunk) if chunk else triton.next_power_of_2(cols))
+    assert rows * block <= 2**20 and (chunk or rows * block == 2**20)   # (on chip: as many as fit)
+
+
 def test_a_weight_that_does_not_broadcast_along_the_row_is_an_error():
     with pytest.raises(SpecError) as e:
         kgen.compile("kernel bad(X: f32[M, N], W: f32[M]) -> Y: f32[M, N] {\n    Y = X * W / sum(X)\n}")
@@ -1394,3 +1413,39 @@ def test_reductions_over_rows_of_different_lengths_are_an_error():
         kgen.compile("kernel two(X: f32[M, N], Z: f32[M, K]) -> Y: f32[M, 1] {\n"
                      "    Y = sum(X, axis=-1) + sum(Z, axis=-1)\n}")
     assert e.value.span.line == 2
+
+
+@pytest.mark.parametrize("chunk, cut", [(None, 0), ("8", 0), ("8", 1)], ids=["on-chip", "looped", "split"])
+def test_each_row_kernel_under_int64(chunk, cut, monkeypatch):
+    """INT64 (offsets past 2**31 elements, or a size within reach of 2**31: the host's
+    _needs_int64) takes every row kernel's sizes, rows and columns into int64, to the
+    same values."""
+    if chunk:
+        monkeypatch.setenv("KGEN_FORCE_CHUNK", chunk)
+    kernel = kgen.compile("kernel s(X: f32[M, N]) -> Y: f32[M, N] { Y = exp(X - max(X)) / sum(exp(X - max(X))) }")
+    launches = Launches(kernel.module, monkeypatch)
+    needs = []
+    monkeypatch.setattr(kernel.module, "_needs_int64", lambda *ts, sizes=(): needs.append(sizes) or True)
+    x = torch.randn(5, 41, device=DEVICE)[:, cut:]   # (off 16-byte boundaries: split)
+    torch.testing.assert_close(kernel(x), torch.softmax(x, -1))
+    name = {None: "s_kernel", "8": "s_split_kernel" if cut else "s_looped_kernel"}[chunk]
+    assert launches.kernels == [getattr(kernel.module, name)] and needs == [(5, 41 - cut)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols, offset", [(1, 2**31 - 1000, 0), (1, 2**31 - 1000, 1), (2**31 - 1000, 1, 0)],
+                         ids=["wide", "wide-shifted", "tall"])
+def test_sizes_within_reach_of_2_31(rows, cols, offset):
+    """A row (or a row count) under 2**31 but within a chunk (a grid step) of it: the kernels'
+    arithmetic on the sizes goes int64, so that the last chunk is neither skipped nor wrapped
+    (rows of 2**31 - 1000 columns had their last 15384 left unwritten)."""
+    kernel = kgen.compile("kernel d(X: f16[M, N]) -> Y: f16[M, N] { Y = X - max(X) }")
+    x = torch.zeros(rows * cols + offset, dtype=torch.float16, device="cuda")[offset:].view(rows, cols)
+    x.view(-1)[-1] = 1.0
+    y = torch.full_like(x, float("nan"))
+    kernel(x, out=y)
+    m, axis = x.amax(-1, keepdim=True).expand(rows, cols), 1 if rows == 1 else 0
+    for got, xs, ms in zip(y.split(2**28, axis), x.split(2**28, axis), m.split(2**28, axis)):   # (torch's temporaries)
+        assert not got.isnan().any() and torch.equal(got, xs - ms)
+    del x, y, m
+    torch.cuda.empty_cache()

@@ -197,7 +197,7 @@ def match(kir: KernelIR) -> ElementwisePlan | None:
     # element (a 0-dim tensor) is one load on either path
     flat = rank > 0 and all(op.full or op.scalar for op in inputs) and not outputs[0].scalar
     widest = max([kir.nodes[op.name].dtype.bytes for op in inputs] + [o.node.dtype.bytes for o in kir.outputs])
-    wide = flat and blocks == DEFAULT_BLOCKS and not candidates   # a schedule's blocks are the spec's choice
+    wide = flat and not kir.schedule   # a schedule's blocks are the spec's choice, the defaults' values too
     return ElementwisePlan(
         name=kir.name, host=host(kir, inplace=True), inputs=tuple(inputs), scalars=tuple(scalars), outputs=outputs,
         sizes=tuple(str(d) for d in shape), body=tuple(body), helpers=helpers_for(nodes) + ("check_config",),
@@ -234,9 +234,9 @@ def _schedule(kir: KernelIR):
         return DEFAULT_BLOCKS, ()
     block = block or (1024,)
     warps = warps or (4,)
-    if len(block) == 1 and len(warps) == 1:
-        return ((None, block[0], warps[0]),), ()
-    return DEFAULT_BLOCKS, tuple((b, w) for b in block for w in warps)
+    # untuned (the interpreter, KGEN_AUTOTUNE=0): the first of the schedule's candidates
+    return ((None, block[0], warps[0]),), tuple((b, w) for b in block for w in warps) if len(block) * len(warps) > 1 \
+        else ()
 
 
 def coordinates(rank: int, index: str = "offs") -> tuple[str, ...]:

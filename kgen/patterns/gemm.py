@@ -696,6 +696,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool):
         return tuple(candidates), rows, True, fixed
     check_schedule_values({**given, "SPLIT_K": splits}, kir)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
+    check_tile_products(lists, kir)
     candidates = []
     for variant in variants:
         for c in itertools.product(*lists):
@@ -750,6 +751,18 @@ def check_schedule_values(given: dict, kir: KernelIR) -> None:
             if key == "SPLIT_K" and v > MAX_SPLIT_K:
                 raise SpecError(f"SPLIT_K takes at most {MAX_SPLIT_K} (CUDA's programs along a grid's second axis), "
                                 f"got {v}", kir.schedule_span(key, v))
+
+
+def check_tile_products(lists, kir: KernelIR) -> None:
+    """Each pair of a schedule's tiles (``lists``: CONFIG_KEYS' values, the defaults' where it
+    gives none) is a tensor of the kernel: at most 2**20 elements, Triton's largest, as the
+    host's config check asks of every candidate.  The error at the larger value it gives."""
+    tiles = dict(zip(CONFIG_KEYS, lists))
+    for a, b in (("BLOCK_M", "BLOCK_N"), ("BLOCK_M", "BLOCK_K"), ("BLOCK_K", "BLOCK_N")):
+        if max(tiles[a]) * max(tiles[b]) > 2**20:
+            key = max((k for k in (a, b) if k in kir.schedule), key=lambda k: max(tiles[k]))
+            raise SpecError(f"{a} * {b} must be at most 2**20 (Triton's largest tensor), got "
+                            f"{max(tiles[a])} * {max(tiles[b])}", kir.schedule_span(key, max(tiles[key])))
 
 
 def _closest(value: int, allowed) -> int:

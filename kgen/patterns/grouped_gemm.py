@@ -523,6 +523,7 @@ def _schedule(kir: KernelIR, dtype, tma: bool, lean: bool):
         return tuple(candidates), rows, True
     gemm.check_schedule_values(given, kir)
     lists = [given.get(k, (SCHEDULE_DEFAULTS[k] if not (wide and k == "BLOCK_K") else 32,)) for k in CONFIG_KEYS]
+    gemm.check_tile_products(lists, kir)
     candidates = tuple(_config(c, bool(v)) for v in variants for c in itertools.product(*lists))
     constrained = []
     for limit, config in rows:

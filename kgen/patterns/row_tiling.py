@@ -241,10 +241,11 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         values[key] = v
     forced = os.environ.get(FORCE_CHUNK, "").strip()
     if forced:
-        if not (forced.isascii() and forced.isdigit()) or not 0 < int(forced) <= 2**20 \
-                or int(forced) & (int(forced) - 1):
+        if not (forced.isascii() and forced.isdigit()) or len(forced) > 7 or not 0 < int(forced) <= 2**20 \
+                or int(forced) & (int(forced) - 1):   # (7 digits: int() of thousands is refused)
             # (2**20 elements: Triton's largest tensor, as a schedule's BLOCK_N)
-            raise KgenError(f"{FORCE_CHUNK}={forced!r}: expected a power of two from 1 to 1048576 (the "
+            shown = forced if len(forced) <= 20 else forced[:20] + "..."
+            raise KgenError(f"{FORCE_CHUNK}={shown!r}: expected a power of two from 1 to 1048576 (the "
                             f"column chunk of row reductions)")
         values["BLOCK_N"] = int(forced)
     block = values.get("BLOCK_N")
@@ -289,8 +290,10 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
-        rows=f"min({rows}, {fit})" if rows else f"min(max({TILE_BYTES // row_bytes(kir)} // BLOCK_N, 1), {fit})",
-        looped_rows=f"min({rows}, {fit})" if rows else "1",
+        # (a schedule's BLOCK_ROWS, within Triton's largest tile of 2**20 elements at this BLOCK_N)
+        rows=f"min({rows}, {fit}, max(2**20 // BLOCK_N, 1))" if rows else
+        f"min(max({TILE_BYTES // row_bytes(kir)} // BLOCK_N, 1), {fit})",
+        looped_rows=f"min({rows}, {fit}, max(2**20 // BLOCK_N, 1))" if rows else "1",
         stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N,
         unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N,
         unaligned_warps="" if warps is not None else
