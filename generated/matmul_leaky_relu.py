@@ -301,8 +301,8 @@ def _tma_descriptor(x, rows, cols):
     """(descriptor, transposed): TMA blocks [rows, cols] of the last two axes of a 2-D or 3-D
     tensor (1 on a leading axis), over the transpose of those axes where its columns are
     contiguous; (None, False) where TMA cannot address it (neither axis contiguous, not
-    16-byte aligned, or a size past its int32 coordinates).  It reads x's sizes and strides, those of the last two axes swapped for
-    the transpose: no view of x is made at each call."""
+    16-byte aligned, or a size past its int32 coordinates).  It reads x's sizes and strides,
+    those of the last two axes swapped for the transpose: no view of x is made at each call."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     shape, strides = list(x.shape), list(x.stride())
     if 0 in shape or max(shape) >= _SIZE_LIMIT:   # (TMA coordinates are int32)
