@@ -1100,12 +1100,11 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
-    if config.get("TMA"):
+    if config.get("TMA") and _has_tma(device):
         A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
         # (TMA loads at a row offset: a column-major A would start them off 16-byte boundaries)
-        if A_desc is not None and not A_T and B_desc is not None \
-                and _has_tma(device):
+        if A_desc is not None and not A_T and B_desc is not None:
             grouped_gemm_moe_tma_kernel[grid](
                 A_desc, B_desc, C, offs,
                 G, T, N, K,

@@ -1125,12 +1125,11 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
     # at most: each problem adds one partial row of tiles
     num_tiles = (_cdiv(T, config["BLOCK_M"]) + G) * _cdiv(N, config["BLOCK_N"])
     grid = (_group_programs(device, num_tiles, config),)
-    if config.get("TMA"):
+    if config.get("TMA") and _has_tma(device):
         X_desc, A_T = _tma_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _tma_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])
         # (TMA loads at a row offset: a column-major X would start them off 16-byte boundaries)
-        if X_desc is not None and not A_T and W_desc is not None \
-                and _has_tma(device):
+        if X_desc is not None and not A_T and W_desc is not None:
             grouped_linear_gelu_moe_tma_kernel[grid](
                 X_desc, W_desc, b, Y, offs,
                 G, T, N, K,

@@ -565,10 +565,10 @@ def linear_gelu(X, W, b, *, out=None, config=None):
         config = _linear_gelu_config(M, N, device)
     # TMA picks the kernel; no kernel takes it by name
     tiles = {key: value for key, value in config.items() if key not in ("TMA",)}
-    if config.get("TMA"):
+    if config.get("TMA") and _has_tma(device):
         X_desc, A_T = _tma_descriptor(X, config["BLOCK_M"], config["BLOCK_K"])
         W_desc, B_T = _tma_descriptor(W, config["BLOCK_K"], config["BLOCK_N"])
-        if X_desc is not None and W_desc is not None and _has_tma(device):
+        if X_desc is not None and W_desc is not None:
             num_sms = _num_sms(device)
             num_tiles = _cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"])
             grid = (min(num_sms, num_tiles),)

@@ -504,10 +504,10 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
         config = _matmul_leaky_relu_config(M, N, device)
     # TMA picks the kernel; no kernel takes it by name
     tiles = {key: value for key, value in config.items() if key not in ("TMA",)}
-    if config.get("TMA"):
+    if config.get("TMA") and _has_tma(device):
         A_desc, A_T = _tma_descriptor(A, config["BLOCK_M"], config["BLOCK_K"])
         B_desc, B_T = _tma_descriptor(B, config["BLOCK_K"], config["BLOCK_N"])
-        if A_desc is not None and B_desc is not None and _has_tma(device):
+        if A_desc is not None and B_desc is not None:
             num_sms = _num_sms(device)
             num_tiles = _cdiv(M, config["BLOCK_M"]) * _cdiv(N, config["BLOCK_N"])
             grid = (min(num_sms, num_tiles),)

@@ -219,7 +219,9 @@ def _code(items) -> str:
 
 
 def _reads(text: str, name: str) -> bool:
-    return re.search(rf"\b{name}\b", text) is not None
+    """Whether ``text`` reads ``name``: a keyword argument (``mask=row_mask``) or an assignment
+    to it does not."""
+    return re.search(rf"(?<![\w.]){name}\b(?!\s*=(?!=))", text) is not None
 
 
 def read_lanes(lanes: tuple[str, ...], rest: list) -> tuple[str, ...]:
