@@ -251,6 +251,12 @@ def _check_tile_config(config, required, optional):
     return checked
 
 
+def _vec(n):
+    """The largest power of two up to 16 that divides n (16 for 0)."""
+    n |= 16
+    return n & -n
+
+
 _DEVICES = {}
 
 
@@ -864,12 +870,26 @@ def grouped_gemm_moe_kernel(
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
+    N_VEC: tl.constexpr, K_VEC: tl.constexpr,
+    A_VEC0: tl.constexpr, A_VEC1: tl.constexpr,
+    B_VEC: tl.constexpr, B_VEC0: tl.constexpr, B_VEC1: tl.constexpr,
+    C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
     # to offs[g] of T; each stacked tensor holds one per problem (B_stride apart in B;
     # its _stride0, _stride1 are those of a problem's own axes), the problem's address offsets
     # in int64 (a [G, K, N] weight passes 2**31 elements).
+    # *_VEC: what divides N, K and each stride (the host's _vec), as in the tiled GEMM kernel
+    N = N // N_VEC * N_VEC
+    K = K // K_VEC * K_VEC
+    A_stride0 = A_stride0 // A_VEC0 * A_VEC0
+    A_stride1 = A_stride1 // A_VEC1 * A_VEC1
+    B_stride = B_stride // B_VEC * B_VEC
+    B_stride0 = B_stride0 // B_VEC0 * B_VEC0
+    B_stride1 = B_stride1 // B_VEC1 * B_VEC1
+    C_stride0 = C_stride0 // C_VEC0 * C_VEC0
+    C_stride1 = C_stride1 // C_VEC1 * C_VEC1
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -943,10 +963,16 @@ def grouped_gemm_moe_tma_kernel(
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
+    N_VEC: tl.constexpr,
+    C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # The MoE kernel for Hopper: A [T, K] (rows contiguous) and B [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
-    # problem's M are other problems' rows or zeros: computed, never stored.
+    # problem's M are other problems' rows or zeros: computed, never stored.  *_VEC: what divides N
+    # and the epilogue's strides, for its loads and stores
+    N = N // N_VEC * N_VEC
+    C_stride0 = C_stride0 // C_VEC0 * C_VEC0
+    C_stride1 = C_stride1 // C_VEC1 * C_VEC1
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -1109,9 +1135,10 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
                 A_desc, B_desc, C, offs,
                 G, T, N, K,
                 C.stride(0), C.stride(1),
-                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C, sizes=(T, N, K)), **_group_launch(config,
-                                                                                                                device,
-                                                                                                                2),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C, sizes=(T, N, K)),
+                **_group_launch(config, device, 2),
+                N_VEC=_vec(N),
+                C_VEC0=_vec(C.stride(0)), C_VEC1=_vec(C.stride(1)),
             )
             return C
     # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
@@ -1122,6 +1149,11 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
         B.stride(0), B.stride(1), B.stride(2),
         C.stride(0), C.stride(1),
         G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
-        INT64=_needs_int64(A, B, C, sizes=(T, N, K)), **_group_launch(config, device, 2),
+        INT64=_needs_int64(A, B, C, sizes=(T, N, K)),
+        **_group_launch(config, device, 2),
+        N_VEC=_vec(N), K_VEC=_vec(K),
+        A_VEC0=_vec(A.stride(0)), A_VEC1=_vec(A.stride(1)),
+        B_VEC=_vec(B.stride(0)), B_VEC0=_vec(B.stride(1)), B_VEC1=_vec(B.stride(2)),
+        C_VEC0=_vec(C.stride(0)), C_VEC1=_vec(C.stride(1)),
     )
     return C

@@ -256,6 +256,12 @@ def _check_tile_config(config, required, optional):
     return checked
 
 
+def _vec(n):
+    """The largest power of two up to 16 that divides n (16 for 0)."""
+    n |= 16
+    return n & -n
+
+
 _DEVICES = {}
 
 
@@ -884,12 +890,29 @@ def grouped_linear_gelu_moe_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
+    N_VEC: tl.constexpr, K_VEC: tl.constexpr,
+    X_VEC0: tl.constexpr, X_VEC1: tl.constexpr,
+    W_VEC: tl.constexpr, W_VEC0: tl.constexpr, W_VEC1: tl.constexpr,
+    b_VEC: tl.constexpr, b_VEC0: tl.constexpr,
+    Y_VEC0: tl.constexpr, Y_VEC1: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for each problem g of a group in the MoE layout: the
     # problem's M rows of the ragged tensors are rows row_start = offs[g - 1] (0 for g = 0)
     # to offs[g] of T; each stacked tensor holds one per problem (W_stride apart in W, b_stride apart in b;
     # its _stride0, _stride1 are those of a problem's own axes), the problem's address offsets
     # in int64 (a [G, K, N] weight passes 2**31 elements).
+    # *_VEC: what divides N, K and each stride (the host's _vec), as in the tiled GEMM kernel
+    N = N // N_VEC * N_VEC
+    K = K // K_VEC * K_VEC
+    X_stride0 = X_stride0 // X_VEC0 * X_VEC0
+    X_stride1 = X_stride1 // X_VEC1 * X_VEC1
+    W_stride = W_stride // W_VEC * W_VEC
+    W_stride0 = W_stride0 // W_VEC0 * W_VEC0
+    W_stride1 = W_stride1 // W_VEC1 * W_VEC1
+    b_stride = b_stride // b_VEC * b_VEC
+    b_stride0 = b_stride0 // b_VEC0 * b_VEC0
+    Y_stride0 = Y_stride0 // Y_VEC0 * Y_VEC0
+    Y_stride1 = Y_stride1 // Y_VEC1 * Y_VEC1
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -966,10 +989,19 @@ def grouped_linear_gelu_moe_tma_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
+    N_VEC: tl.constexpr,
+    b_VEC: tl.constexpr, b_VEC0: tl.constexpr,
+    Y_VEC0: tl.constexpr, Y_VEC1: tl.constexpr,
 ):
     # The MoE kernel for Hopper: X [T, K] (rows contiguous) and W [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
-    # problem's M are other problems' rows or zeros: computed, never stored.
+    # problem's M are other problems' rows or zeros: computed, never stored.  *_VEC: what divides N
+    # and the epilogue's strides, for its loads and stores
+    N = N // N_VEC * N_VEC
+    b_stride = b_stride // b_VEC * b_VEC
+    b_stride0 = b_stride0 // b_VEC0 * b_VEC0
+    Y_stride0 = Y_stride0 // Y_VEC0 * Y_VEC0
+    Y_stride1 = Y_stride1 // Y_VEC1 * Y_VEC1
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -1135,9 +1167,11 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
                 G, T, N, K,
                 b.stride(0), b.stride(1),
                 Y.stride(0), Y.stride(1),
-                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y, sizes=(T, N,
-                                                                                        K)), **_group_launch(config,
-                                                                                                             device, 2),
+                G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y, sizes=(T, N, K)),
+                **_group_launch(config, device, 2),
+                N_VEC=_vec(N),
+                b_VEC=_vec(b.stride(0)), b_VEC0=_vec(b.stride(1)),
+                Y_VEC0=_vec(Y.stride(0)), Y_VEC1=_vec(Y.stride(1)),
             )
             return Y
     # TMA off, or it cannot read these operands here: the pointer kernel, same tiles
@@ -1149,6 +1183,12 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
         b.stride(0), b.stride(1),
         Y.stride(0), Y.stride(1),
         G_BLOCK=_group_block(G), EVEN_K=K % config["BLOCK_K"] == 0,
-        INT64=_needs_int64(X, W, b, Y, sizes=(T, N, K)), **_group_launch(config, device, 2),
+        INT64=_needs_int64(X, W, b, Y, sizes=(T, N, K)),
+        **_group_launch(config, device, 2),
+        N_VEC=_vec(N), K_VEC=_vec(K),
+        X_VEC0=_vec(X.stride(0)), X_VEC1=_vec(X.stride(1)),
+        W_VEC=_vec(W.stride(0)), W_VEC0=_vec(W.stride(1)), W_VEC1=_vec(W.stride(2)),
+        b_VEC=_vec(b.stride(0)), b_VEC0=_vec(b.stride(1)),
+        Y_VEC0=_vec(Y.stride(0)), Y_VEC1=_vec(Y.stride(1)),
     )
     return Y

@@ -223,6 +223,7 @@ class GemmPlan:
     subtile: bool                 # ... with EPILOGUE_SUBTILE
     # the tiled kernel's (size or stride, its VEC, host value), grouped: N and K, then a tensor's strides
     hints: tuple[tuple[tuple[str, str, str], ...], ...]
+    tma_hints: tuple[tuple[tuple[str, str, str], ...], ...]   # the TMA kernel's: N, and its epilogue's strides
     tma_pointers: tuple[str, ...] # its arguments: descriptors, then the epilogue's
     tma_launch: tuple[str, ...]
     epilogue_pointers: tuple[str, ...]  # what the epilogue reads and writes: scalars, tensors, outputs
@@ -239,17 +240,30 @@ class GemmPlan:
     @property
     def hint_params(self) -> tuple[str, ...]:
         """The tiled kernel's constexprs that say what divides N, K and each stride, a line a group."""
-        return tuple(" ".join(f"{vec}: tl.constexpr," for _, vec, _ in group) for group in self.hints)
+        return hint_params(self.hints)
 
     @property
     def hint_lines(self) -> tuple[str, ...]:
         """... written back into the values they divide (exactly: the host's _vec divides them)."""
-        return tuple(f"{value} = {value} // {vec} * {vec}" for group in self.hints for value, vec, _ in group)
+        return hint_lines(self.hints)
 
     @property
     def hint_launch(self) -> tuple[str, ...]:
         """... and what the host passes for them, a line a group."""
-        return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in group) for group in self.hints)
+        return hint_launch(self.hints)
+
+    @property
+    def tma_hint_params(self) -> tuple[str, ...]:
+        """The same for the TMA kernel, whose epilogue alone takes N and strides (the loads: descriptors)."""
+        return hint_params(self.tma_hints)
+
+    @property
+    def tma_hint_lines(self) -> tuple[str, ...]:
+        return hint_lines(self.tma_hints)
+
+    @property
+    def tma_hint_launch(self) -> tuple[str, ...]:
+        return hint_launch(self.tma_hints)
 
     @property
     def kernel_choices(self) -> tuple[str, ...]:
@@ -333,6 +347,8 @@ def match(kir: KernelIR) -> GemmPlan | None:
                              if strides[t])
     epilogue_launch = (", ".join(scalars + epilogue_tensors), ", ".join(sizes[:2])) + \
         tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in epilogue_tensors if strides[t])
+    tma_hints = ((("N", "N_VEC", sizes[1]),),) + tuple(group for group in hints[1:]
+                                                       if group[0][0].rsplit("_stride", 1)[0] in epilogue_tensors)
     descriptors = [f"{a_name}_desc", f"{b_name}_desc"]
     tma_launch = (", ".join(descriptors + scalars + epilogue_tensors), ", ".join(sizes)) + epilogue_launch[2:]
     if tma:
@@ -358,7 +374,7 @@ def match(kir: KernelIR) -> GemmPlan | None:
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
         heuristic=_merged([(_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows]),
-        split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints,
+        split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints, tma_hints=tma_hints,
         tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
@@ -751,6 +767,19 @@ def check_schedule_values(given: dict, kir: KernelIR) -> None:
             if key == "SPLIT_K" and v > MAX_SPLIT_K:
                 raise SpecError(f"SPLIT_K takes at most {MAX_SPLIT_K} (CUDA's programs along a grid's second axis), "
                                 f"got {v}", kir.schedule_span(key, v))
+
+
+def hint_params(hints) -> tuple[str, ...]:
+    """A kernel's hint constexprs, a line a group of ``hints`` ((value, its VEC, host value), ...)."""
+    return tuple(" ".join(f"{vec}: tl.constexpr," for _, vec, _ in group) for group in hints)
+
+
+def hint_lines(hints) -> tuple[str, ...]:
+    return tuple(f"{value} = {value} // {vec} * {vec}" for group in hints for value, vec, _ in group)
+
+
+def hint_launch(hints) -> tuple[str, ...]:
+    return tuple(" ".join(f"{vec}=_vec({host})," for _, vec, host in group) for group in hints)
 
 
 def check_tile_products(lists, kir: KernelIR) -> None:

@@ -249,6 +249,9 @@ class GroupedPlan:
     moe_tma_strides: tuple[str, ...]
     moe_tma_bases: tuple[str, ...]
     moe_tma_launch: tuple[str, ...]
+    # what divides N, K and the strides, told to the MoE kernels as the tiled GEMM is told (gemm.py's hints)
+    moe_hints: tuple[tuple[tuple[str, str, str], ...], ...]
+    moe_tma_hints: tuple[tuple[tuple[str, str, str], ...], ...]
     # tuning
     configs: tuple[str, ...]
     heuristic: tuple[tuple[str, str], ...]
@@ -259,6 +262,30 @@ class GroupedPlan:
     moe_tuning: Tuning | None
     pattern: str = "grouped_gemm"
     template: str = "grouped_gemm.jinja"
+
+    @property
+    def moe_hint_params(self) -> tuple[str, ...]:
+        return gemm.hint_params(self.moe_hints)
+
+    @property
+    def moe_hint_lines(self) -> tuple[str, ...]:
+        return gemm.hint_lines(self.moe_hints)
+
+    @property
+    def moe_hint_launch(self) -> tuple[str, ...]:
+        return gemm.hint_launch(self.moe_hints)
+
+    @property
+    def moe_tma_hint_params(self) -> tuple[str, ...]:
+        return gemm.hint_params(self.moe_tma_hints)
+
+    @property
+    def moe_tma_hint_lines(self) -> tuple[str, ...]:
+        return gemm.hint_lines(self.moe_tma_hints)
+
+    @property
+    def moe_tma_hint_launch(self) -> tuple[str, ...]:
+        return gemm.hint_launch(self.moe_tma_hints)
     # torch.compile runs its calls as they are (a graph break): tracing its host code had taken
     # a first compile 41-47 s on an H100 host
     traced: bool = False
@@ -348,7 +375,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
         stores=low.stores,
         helpers=helpers_for(low.nodes) + ("check_config", "check_tile_config")
         + ("bf16_dot",) * bool(gemm.bf16_check(low))
-        + ("num_sms", "tma_host", "group_host"),
+        + ("num_sms", "tma_host", "group_host") + ("vec",) * bool(moe.get("moe")),
         operands=(a_name, b_name),
         docstring=docstring, signature=h.signature + ", config=None", checks=checks, allocate=allocate,
         returns=h.returns, sizes=", ".join(sizes), output_sizes=", ".join(sizes[:2]),
@@ -423,7 +450,8 @@ def _fresh(taken: set, *candidates: str) -> str:
 def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: dict) -> dict:
     none = dict(moe=False, moe_host=None, moe_signature="", moe_doc="", moe_offs="", moe_pointers=(), moe_strides=(),
                 moe_stacked="", moe_bases=(), moe_launch=(), moe_sizes=("", "", "", ""), moe_tensors="",
-                moe_tma_pointers=(), moe_tma_strides=(), moe_tma_bases=(), moe_tma_launch=())
+                moe_tma_pointers=(), moe_tma_strides=(), moe_tma_bases=(), moe_tma_launch=(), moe_hints=(),
+                moe_tma_hints=())
     m = low.mm.shape[0]
     if not isinstance(m, str):
         return {**none, "moe_why": f"its M is a literal ({m}), so the problems cannot differ in rows"}
@@ -456,15 +484,16 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     first = next(t for t in low.tensors if not ragged[t])
     rows = next(t for t in low.tensors if ragged[t])
     offs = f'offs = _group_offs(offs, {G}, device, "{first}", {T}, "{rows}")'
-    pointers, strides, bases, launch_strides = {}, {}, {}, {}
+    pointers, strides, bases, launch_strides, hints = {}, {}, {}, {}, {}
     for t in list(low.tensors) + list(low.outputs):
         axes = sorted(low.strides[t] | ({0} if ragged[t] else set()))
         pointers[t] = f"{t}_base"
         names = ([] if ragged[t] else [f"{t}_stride"]) + [f"{t}_stride{ax}" for ax in axes]
         strides[t] = ", ".join(names)
         shift = 0 if ragged[t] else 1
-        launch_strides[t] = ", ".join(([] if ragged[t] else [f"{t}.stride(0)"])
-                                      + [f"{t}.stride({ax + shift})" for ax in axes])
+        hosts = ([] if ragged[t] else [f"{t}.stride(0)"]) + [f"{t}.stride({ax + shift})" for ax in axes]
+        launch_strides[t] = ", ".join(hosts)
+        hints[t] = tuple((name, name.replace("_stride", "_VEC"), host) for name, host in zip(names, hosts))
         bases[t] = (f"{t}_ptr = {t}_base + row_start.to(tl.int64) * {t}_stride0" if ragged[t]
                     else f"{t}_ptr = {t}_base + g.to(tl.int64) * {t}_stride")
     mm = low.mm
@@ -477,7 +506,10 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     descriptors = [f"{low.a_name}_desc", f"{low.b_name}_desc"]
     tma_launch = (", ".join(descriptors + direct + ["offs"] + list(low.scalars)), ", ".join(sizes)) + \
         tuple(launch_strides[t] for t in direct)
-    gemm._check_derived(kir, [f"{t}_base" for t in names] + descriptors)
+    moe_hints = ((("N", "N_VEC", str(n)), ("K", "K_VEC", str(k))),) + tuple(hints[t] for t in names if hints[t])
+    moe_tma_hints = ((("N", "N_VEC", str(n)),),) + tuple(hints[t] for t in direct if hints[t])
+    gemm._check_derived(kir, [f"{t}_base" for t in names] + descriptors +
+                        [vec for group in moe_hints[1:] for _, vec, _ in group])
     doc = h.docstring.replace(" -> ", f", offs: int32[{G}] (or int64) -> ", 1)
     return dict(moe=True, moe_why="", moe_host=h, moe_signature=signature, moe_doc=doc, moe_offs=offs,
                 moe_pointers=tuple(pointers.values()), moe_strides=tuple(strides.values()),
@@ -485,7 +517,7 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
                 moe_bases=tuple(bases.values()), moe_launch=launch, moe_sizes=sizes, moe_tensors=", ".join(names),
                 moe_tma_pointers=tuple(descriptors + [pointers[t] for t in direct]),
                 moe_tma_strides=tuple(strides[t] for t in direct), moe_tma_bases=tuple(bases[t] for t in direct),
-                moe_tma_launch=tma_launch)
+                moe_tma_launch=tma_launch, moe_hints=moe_hints, moe_tma_hints=moe_tma_hints)
 
 
 # --- schedule and tuning --------------------------------------------------------------
