@@ -963,16 +963,10 @@ def grouped_gemm_moe_tma_kernel(
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
-    N_VEC: tl.constexpr,
-    C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # The MoE kernel for Hopper: A [T, K] (rows contiguous) and B [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
-    # problem's M are other problems' rows or zeros: computed, never stored.  *_VEC: what divides N
-    # and the epilogue's strides, for its loads and stores
-    N = N // N_VEC * N_VEC
-    C_stride0 = C_stride0 // C_VEC0 * C_VEC0
-    C_stride1 = C_stride1 // C_VEC1 * C_VEC1
+    # problem's M are other problems' rows or zeros: computed, never stored.
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -1137,8 +1131,6 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
                 C.stride(0), C.stride(1),
                 G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(A, B, C, sizes=(T, N, K)),
                 **_group_launch(config, device, 2),
-                N_VEC=_vec(N),
-                C_VEC0=_vec(C.stride(0)), C_VEC1=_vec(C.stride(1)),
             )
             return C
     # TMA off, or it cannot read these operands here: the pointer kernel, same tiles

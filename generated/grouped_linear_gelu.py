@@ -989,19 +989,10 @@ def grouped_linear_gelu_moe_tma_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     G_BLOCK: tl.constexpr, B_T: tl.constexpr, INT64: tl.constexpr, FLATTEN: tl.constexpr,
-    N_VEC: tl.constexpr,
-    b_VEC: tl.constexpr, b_VEC0: tl.constexpr,
-    Y_VEC0: tl.constexpr, Y_VEC1: tl.constexpr,
 ):
     # The MoE kernel for Hopper: X [T, K] (rows contiguous) and W [G, K, N] through TMA
     # descriptors (B_T: over the transpose of its last two axes).  A tile's rows past the
-    # problem's M are other problems' rows or zeros: computed, never stored.  *_VEC: what divides N
-    # and the epilogue's strides, for its loads and stores
-    N = N // N_VEC * N_VEC
-    b_stride = b_stride // b_VEC * b_VEC
-    b_stride0 = b_stride0 // b_VEC0 * b_VEC0
-    Y_stride0 = Y_stride0 // Y_VEC0 * Y_VEC0
-    Y_stride1 = Y_stride1 // Y_VEC1 * Y_VEC1
+    # problem's M are other problems' rows or zeros: computed, never stored.
     # The list kernel's schedule, from offs: each program reads the row ends once (clamped
     # to [0, T] and made non-decreasing by a running max: no two problems share a row),
     # sums the problems' tile counts, then finds each of its tiles' problem.
@@ -1169,9 +1160,6 @@ def grouped_linear_gelu_moe(X, W, b, *, offs, out=None, config=None):
                 Y.stride(0), Y.stride(1),
                 G_BLOCK=_group_block(G), B_T=B_T, INT64=_needs_int64(X, W, b, Y, sizes=(T, N, K)),
                 **_group_launch(config, device, 2),
-                N_VEC=_vec(N),
-                b_VEC=_vec(b.stride(0)), b_VEC0=_vec(b.stride(1)),
-                Y_VEC0=_vec(Y.stride(0)), Y_VEC1=_vec(Y.stride(1)),
             )
             return Y
     # TMA off, or it cannot read these operands here: the pointer kernel, same tiles

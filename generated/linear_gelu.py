@@ -451,18 +451,10 @@ def linear_gelu_tma_kernel(
     Y_stride0, Y_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr, NUM_SMS: tl.constexpr, INT64: tl.constexpr,
-    N_VEC: tl.constexpr,
-    b_VEC0: tl.constexpr,
-    Y_VEC0: tl.constexpr, Y_VEC1: tl.constexpr,
 ):
     # X[M, K] @ W[K, N] -> Y[M, N] for Hopper: NUM_SMS persistent programs walk the tiles; TMA
     # loads the operands (zeros past every edge: nothing to mask until the store).
     # A_T / B_T: the descriptor is over the operand's transpose (its columns are contiguous).
-    # *_VEC: what divides N and the epilogue's strides (as in the tiled kernel), for its loads and stores
-    N = N // N_VEC * N_VEC
-    b_stride0 = b_stride0 // b_VEC0 * b_VEC0
-    Y_stride0 = Y_stride0 // Y_VEC0 * Y_VEC0
-    Y_stride1 = Y_stride1 // Y_VEC1 * Y_VEC1
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -586,9 +578,6 @@ def linear_gelu(X, W, b, *, out=None, config=None):
                 b.stride(0),
                 Y.stride(0), Y.stride(1),
                 A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(X, W, b, Y),
-                N_VEC=_vec(N),
-                b_VEC0=_vec(b.stride(0)),
-                Y_VEC0=_vec(Y.stride(0)), Y_VEC1=_vec(Y.stride(1)),
                 **tiles,
             )
             return Y

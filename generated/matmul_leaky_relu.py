@@ -415,16 +415,10 @@ def matmul_leaky_relu_tma_kernel(
     C_stride0, C_stride1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     A_T: tl.constexpr, B_T: tl.constexpr, NUM_SMS: tl.constexpr, INT64: tl.constexpr,
-    N_VEC: tl.constexpr,
-    C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N] for Hopper: NUM_SMS persistent programs walk the tiles; TMA
     # loads the operands (zeros past every edge: nothing to mask until the store).
     # A_T / B_T: the descriptor is over the operand's transpose (its columns are contiguous).
-    # *_VEC: what divides N and the epilogue's strides (as in the tiled kernel), for its loads and stores
-    N = N // N_VEC * N_VEC
-    C_stride0 = C_stride0 // C_VEC0 * C_VEC0
-    C_stride1 = C_stride1 // C_VEC1 * C_VEC1
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -522,8 +516,6 @@ def matmul_leaky_relu(A, B, alpha=0.01, *, out=None, config=None):
                 M, N, K,
                 C.stride(0), C.stride(1),
                 A_T=A_T, B_T=B_T, NUM_SMS=num_sms, INT64=_needs_int64(A, B, C),
-                N_VEC=_vec(N),
-                C_VEC0=_vec(C.stride(0)), C_VEC1=_vec(C.stride(1)),
                 **tiles,
             )
             return C

@@ -223,7 +223,6 @@ class GemmPlan:
     subtile: bool                 # ... with EPILOGUE_SUBTILE
     # the tiled kernel's (size or stride, its VEC, host value), grouped: N and K, then a tensor's strides
     hints: tuple[tuple[tuple[str, str, str], ...], ...]
-    tma_hints: tuple[tuple[tuple[str, str, str], ...], ...]   # the TMA kernel's: N, and its epilogue's strides
     tma_pointers: tuple[str, ...] # its arguments: descriptors, then the epilogue's
     tma_launch: tuple[str, ...]
     epilogue_pointers: tuple[str, ...]  # what the epilogue reads and writes: scalars, tensors, outputs
@@ -251,19 +250,6 @@ class GemmPlan:
     def hint_launch(self) -> tuple[str, ...]:
         """... and what the host passes for them, a line a group."""
         return hint_launch(self.hints)
-
-    @property
-    def tma_hint_params(self) -> tuple[str, ...]:
-        """The same for the TMA kernel, whose epilogue alone takes N and strides (the loads: descriptors)."""
-        return hint_params(self.tma_hints)
-
-    @property
-    def tma_hint_lines(self) -> tuple[str, ...]:
-        return hint_lines(self.tma_hints)
-
-    @property
-    def tma_hint_launch(self) -> tuple[str, ...]:
-        return hint_launch(self.tma_hints)
 
     @property
     def kernel_choices(self) -> tuple[str, ...]:
@@ -347,8 +333,6 @@ def match(kir: KernelIR) -> GemmPlan | None:
                              if strides[t])
     epilogue_launch = (", ".join(scalars + epilogue_tensors), ", ".join(sizes[:2])) + \
         tuple(", ".join(f"{t}.stride({ax})" for ax in sorted(strides[t])) for t in epilogue_tensors if strides[t])
-    tma_hints = ((("N", "N_VEC", sizes[1]),),) + tuple(group for group in hints[1:]
-                                                       if group[0][0].rsplit("_stride", 1)[0] in epilogue_tensors)
     descriptors = [f"{a_name}_desc", f"{b_name}_desc"]
     tma_launch = (", ".join(descriptors + scalars + epilogue_tensors), ", ".join(sizes)) + epilogue_launch[2:]
     if tma:
@@ -374,7 +358,7 @@ def match(kir: KernelIR) -> GemmPlan | None:
         launch=(launch[0] + (", partials" if split_k else ""),) + launch[1:], tensors=tuple(tensors + outputs),
         configs=tuple(config_text(c) for c in candidates),
         heuristic=_merged([(_condition(m, mn), config_text(_config(c, **fixed))) for m, mn, c in rows]),
-        split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints, tma_hints=tma_hints,
+        split_k=split_k, tma=tma, ws=ws, subtile=subtile, hints=hints,
         tma_pointers=tuple(descriptors) + epilogue_pointers,
         tma_launch=tma_launch, epilogue_pointers=epilogue_pointers, epilogue_strides=epilogue_strides,
         epilogue_launch=epilogue_launch,
