@@ -170,6 +170,9 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
     expected = sorted({_TOKEN_NAMES.get(t) or _literal_token(t) for t in tokens if t != "_SEP"})
     if expected and len(expected) <= 6:
         what += "; expected " + ", ".join(expected)
+    if lines[line - 1].split()[:1] == ["schedule"] and not re.search(r"^\s*kernel\b", text, re.M):
+        what += (" (a schedule section belongs to a kernel with a header, kernel NAME(...) -> ... { ... }: "
+                 "statements without one take kgen's own choices)")
     return SpecError(what, Span(path, line, col, line, col + width, text))
 
 

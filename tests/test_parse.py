@@ -76,6 +76,15 @@ def test_headerless_separators_and_comments(text):
     assert isinstance(k.body[1].value, S.BinOp) and k.body[1].value.op == "+"
 
 
+def test_a_schedule_after_headerless_statements_says_it_needs_a_header():
+    with pytest.raises(SpecError, match=r"a schedule section belongs to a kernel with a header") as info:
+        parse("Y = X * 2\nschedule y { BLOCK_SIZE = 64 }")
+    assert (info.value.span.line, info.value.span.col) == (2, 10)
+    with pytest.raises(SpecError) as info:   # a header in the file: the plain syntax error
+        parse("kernel y(X: f32[N]) -> Y: f32[N] { Y = X * 2 }\nschedule y { BLOCK_SIZE = 64 ")
+    assert "belongs to a kernel" not in str(info.value)
+
+
 def test_multi_line_calls_and_continuations():
     text = ("Y = where(X > 0,\n          X,\n          leaky_relu(X,\n                     alpha=0.2))\n"
             "Z = X + \\\n    1")
