@@ -83,8 +83,8 @@ def write_problems(out: Path, targets: list[Path], force: bool, force_hint: str,
             problems.append(f"{display_path(target)} is {kind}, not a module kgen can replace")
         elif kind is not None and any(_same_file(target, spec) for spec in specs):
             problems.append(f"{display_path(target)} is a spec being built; build it into another folder")
-        elif not force and not_ours(target):
-            problems.append(f"{display_path(target)} exists and {not_ours(target)} ({force_hint} to overwrite it)")
+        elif not force and (why := not_ours(target)):
+            problems.append(f"{display_path(target)} exists and {why} ({force_hint} to overwrite it)")
     return problems
 
 
