@@ -142,7 +142,7 @@ def sizes_for(kir: KernelIR, point: dict, sweep: bool = False, known: set[str] =
         return {s: 4 if s in out_shape[:-2] else point["square"] for s in syms}
     if "rows" in point:   # the reduced axis (the last of a reduction's input) takes "cols"
         reduced = next((n for n in topo_order(o.node for o in kir.outputs) if n.op in REDUCTIONS), None)
-        row = [d for d in (reduced.inputs[0] if reduced else kir.outputs[0].node).shape]
+        row = list((reduced.inputs[0] if reduced else kir.outputs[0].node).shape)
         cols = row[-1] if row and isinstance(row[-1], str) else None
         first = next((d for d in row if isinstance(d, str) and d != cols), None)
         return {s: point["cols"] if s == cols else (point["rows"] if s == first else 1) for s in syms}
