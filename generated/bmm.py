@@ -278,10 +278,14 @@ def bmm_kernel(
     # A[B, M, K] @ W[B, K, N] -> C[B, M, N], one BLOCK_M x BLOCK_N tile per program
     # (SPLIT_K > 1: SPLIT_K programs per tile; program (pid, pid_k) sums the slices pid_k,
     # pid_k + SPLIT_K, ... of K into partials, bmm_split_k_kernel adds them up)
-    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: the tile arithmetic in int64
+    # INT64: offsets past 2**31 elements, or a size within reach of 2**31: the sizes in int64, and
+    # so the tiles and offsets derived from them, and the steps along K
+    if INT64:
         M = tl.cast(M, tl.int64)
         N = tl.cast(N, tl.int64)
         K = tl.cast(K, tl.int64)
+        A_stride2 = tl.cast(A_stride2, tl.int64)
+        W_stride1 = tl.cast(W_stride1, tl.int64)
     # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
     # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
     # 1000 16-bit elements in 16-byte vectors, not an element at a time
@@ -320,12 +324,6 @@ def bmm_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    if INT64:  # offsets past 2**31 elements
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-        pid_b = pid_b.to(tl.int64)
-        A_stride2 = tl.cast(A_stride2, tl.int64)
-        W_stride1 = tl.cast(W_stride1, tl.int64)
     # rows of A and columns of W past the edge wrap around: the loads
     # stay in bounds and only K is masked; the store masks M and N
     offs_am = offs_m % M
@@ -374,7 +372,7 @@ def bmm_split_k_kernel(
     # partial sums of bmm_kernel, then runs the epilogue (the tiles on one grid
     # axis, which CUDA does not bound at 65535 as it does the others)
     pid = tl.program_id(0)
-    if INT64:  # (a size within reach of 2**31: the tile arithmetic in int64)
+    if INT64:  # offsets past 2**31 elements, or a size within reach of it: the tiles from int64 sizes
         M = tl.cast(M, tl.int64)
         N = tl.cast(N, tl.int64)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -384,10 +382,6 @@ def bmm_split_k_kernel(
     pid_b = pid // (num_pid_m * num_pid_n)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if INT64:  # offsets past 2**31 elements
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-        pid_b = pid_b.to(tl.int64)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, SPLIT_K):

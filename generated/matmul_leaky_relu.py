@@ -336,10 +336,14 @@ def matmul_leaky_relu_kernel(
     C_VEC0: tl.constexpr, C_VEC1: tl.constexpr,
 ):
     # A[M, K] @ B[K, N] -> C[M, N], one BLOCK_M x BLOCK_N tile per program
-    if INT64:  # offsets past 2**31 elements, or a size within reach of 2**31: the tile arithmetic in int64
+    # INT64: offsets past 2**31 elements, or a size within reach of 2**31: the sizes in int64, and
+    # so the tiles and offsets derived from them, and the steps along K
+    if INT64:
         M = tl.cast(M, tl.int64)
         N = tl.cast(N, tl.int64)
         K = tl.cast(K, tl.int64)
+        A_stride1 = tl.cast(A_stride1, tl.int64)
+        B_stride0 = tl.cast(B_stride0, tl.int64)
     # *_VEC: the largest power of two up to 16 that divides N, K or a stride (the host's _vec),
     # written back into it: Triton sees multiples of 16 only, and told the rest, it moves rows of
     # 1000 16-bit elements in 16-byte vectors, not an element at a time
@@ -366,11 +370,6 @@ def matmul_leaky_relu_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    if INT64:  # offsets past 2**31 elements
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-        A_stride1 = tl.cast(A_stride1, tl.int64)
-        B_stride0 = tl.cast(B_stride0, tl.int64)
     # rows of A and columns of B past the edge wrap around: the loads
     # stay in bounds and only K is masked; the store masks M and N
     offs_am = offs_m % M

@@ -206,7 +206,7 @@ class GemmPlan:
     a: Tile
     b: Tile
     dot: str                      # "acc = tl.dot(A, B, acc)"
-    int64_casts: tuple[str, ...]  # lines under `if INT64:`
+    int64_casts: tuple[str, ...]  # lines under `if INT64:`, beside the sizes' casts
     loads: tuple[str, ...]        # the epilogue's tensor loads
     body: tuple[Line, ...]        # the epilogue, spec statement by statement
     stores: tuple[str, ...]
@@ -479,13 +479,8 @@ def lower(kir: KernelIR) -> Lowered | None:
 
     precision = _precision(kir, lhs.dtype)
     dot_args = f"{a_tile.tile}, {b_tile.tile}, acc" + (f', input_precision="{precision}"' if precision else "")
-    int64 = []
-    for axis_name, cast in (("offs_m", "offs_m.to(tl.int64)"), ("offs_n", "offs_n.to(tl.int64)")):
-        int64.append(f"{axis_name} = {cast}")
-    if batched:
-        int64.append("pid_b = pid_b.to(tl.int64)")
-    for step in dict.fromkeys((a_tile.step, b_tile.step)):
-        int64.append(f"{step} = tl.cast({step}, tl.int64)")
+    # under INT64 the sizes are int64, and with them the tiles' offsets: the steps along K too
+    int64 = [f"{step} = tl.cast({step}, tl.int64)" for step in dict.fromkeys((a_tile.step, b_tile.step))]
 
     epilogue_tensors = tuple(t for t in tensors if id(kir.nodes[t]) in epilogue_reads)
     return Lowered(mm=mm, nodes=tuple(nodes), tensors=tuple(tensors), scalars=tuple(scalars),
