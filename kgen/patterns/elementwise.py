@@ -234,9 +234,9 @@ def _schedule(kir: KernelIR):
         return DEFAULT_BLOCKS, ()
     block = block or (1024,)
     warps = warps or (4,)
+    candidates = tuple((b, w) for b in block for w in warps)
     # untuned (the interpreter, KGEN_AUTOTUNE=0): the first of the schedule's candidates
-    return ((None, block[0], warps[0]),), tuple((b, w) for b in block for w in warps) if len(block) * len(warps) > 1 \
-        else ()
+    return ((None, *candidates[0]),), candidates if len(candidates) > 1 else ()
 
 
 def coordinates(rank: int, index: str = "offs") -> tuple[str, ...]:

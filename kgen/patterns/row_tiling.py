@@ -287,13 +287,13 @@ def tiling(kir: KernelIR, vec: int, lanes: bool, sums: bool) -> Tiling:
         and _buffers_fit(wide_stages, wide_chunk, column_bytes)
     looped = _looped_block(block, warps, chunk, kir, lanes, held, odd_to if odd else None, wide_sums) + \
         _looped_launch(looped_stages, vec, held, odd, wide_sums)
+    # a schedule's BLOCK_ROWS, within Triton's largest tile (2**20 elements) at each call's BLOCK_N
+    scheduled_rows = f"min({rows}, {fit}, max(2**20 // BLOCK_N, 1))"
     return Tiling(
         max_block=widest, shift_from=shift_from, shift_fill=fill,
         chunk=chunk, split_chunk=block or CHUNK_N,
-        # (a schedule's BLOCK_ROWS, within Triton's largest tile of 2**20 elements at this BLOCK_N)
-        rows=f"min({rows}, {fit}, max(2**20 // BLOCK_N, 1))" if rows else
-        f"min(max({TILE_BYTES // row_bytes(kir)} // BLOCK_N, 1), {fit})",
-        looped_rows=f"min({rows}, {fit}, max(2**20 // BLOCK_N, 1))" if rows else "1",
+        rows=scheduled_rows if rows else f"min(max({TILE_BYTES // row_bytes(kir)} // BLOCK_N, 1), {fit})",
+        looped_rows=scheduled_rows if rows else "1",
         stages=STAGES if stages is None else str(stages), straight=STRAIGHT_MAX_BLOCK_N,
         unaligned_straight=UNALIGNED_STRAIGHT_MAX_BLOCK_N,
         unaligned_warps="" if warps is not None else
