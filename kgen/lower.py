@@ -107,8 +107,7 @@ FLOAT_OPERANDS = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT,
 
 # Small integer powers are products (or their reciprocals): exact, and what torch computes
 # for them (x ** 1 is x; powf's exp2(log2) was 5 ulps off).
-_SMALL_POWERS = {1: "{0}", 2: "{0} * {0}", 3: "{0} * {0} * {0}", 4: "{0} * {0} * {0} * {0}", -1: "1.0 / {0}",
-                 -2: "1.0 / ({0} * {0})"}
+_SMALL_POWERS = frozenset({1, 2, 3, 4, -1, -2})
 # ... and so are roots: torch computes x ** 0.5 as sqrt(x), so (-inf) ** 0.5 is NaN there too.
 _ROOT_POWERS = {0.5: Op.SQRT, -0.5: Op.RSQRT}
 
@@ -210,12 +209,14 @@ class Printer:
             if not node.inputs[0].dtype.is_float:   # an integer base squared in f32, not in int32
                 base, _ = self._to_f32(node.inputs[0], base, base_prec)
             n = int(node.inputs[1].arg)
-            if node.inputs[0].op in LEAVES:   # x * x; a computed base (named or not) once, in pow_int
-                return _SMALL_POWERS[n].format(base), MUL
-            if abs(n) > 1:
+            if node.inputs[0].op in LEAVES and abs(n) > 1:   # x * x; a computed base (named or not) once
+                base, base_prec = " * ".join([base] * abs(n)), MUL
+            elif abs(n) > 1:
                 base, base_prec = f"pow_int({base}, {abs(n)})", CALL
             if n > 0:
                 return base, base_prec
+            if node.inputs[0].is_weak and node.inputs[0].dtype.is_float:   # as for b / c: 1.0 / 0.0 of Python floats raises on the interpreter
+                base, base_prec = WEAK_CASTS[D.F32][0].format(base), CALL
             return f"1.0 / {base if base_prec > MUL else f'({base})'}", MUL
         elif _number_power(node):
             fmt, prec, slots = "pow_number({0}, {1})", CALL, (0, 0)

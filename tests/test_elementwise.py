@@ -1210,11 +1210,13 @@ def test_numbers_and_their_casts_compute_as_in_torch(text, args, fn):
     ("y = x + b / c", lambda x, b, c: x + b / c),
     ("y = x + 1 / (b * c)", lambda x, b, c: x + 1 / (b * c)),
     ("y = x + f32(bool(b)) - i32(bool(c))", lambda x, b, c: x + b.bool().float() - c.bool().int()),
+    ("y = x * (b + c ** -1)", lambda x, b, c: x * (b + c ** -1)),
+    ("y = x * ((b + c) ** -1 - c ** -2)", lambda x, b, c: x * ((b + c) ** -1 - c ** -2)),
 ])
-@pytest.mark.parametrize("b, c", [(2.0, 0.0), (-2.5, 0.0), (math.nan, 0.0), (0.0, 3.0)])
+@pytest.mark.parametrize("b, c", [(2.0, 0.0), (-2.5, 0.0), (math.nan, 0.0), (0.0, 3.0), (0.0, -0.0)])
 def test_math_on_float_arguments_alone_computes_as_torch_does(text, fn, b, c):
-    """Float arguments stay Python floats on Triton's interpreter: their quotient by 0.0 raised
-    ZeroDivisionError and bool(b) was a Python bool with no .to for the cast around it; the
+    """Float arguments stay Python floats on Triton's interpreter: their quotient by 0.0 (b / c,
+    c ** -1) raised ZeroDivisionError and bool(b) was a Python bool with no .to for the cast around it; the
     GPU computes both as torch does (inf, NaN, True), and so does the interpreter now."""
     x = torch.tensor([1.0, -2.0], device=DEVICE)
     got = kgen.compile(text)(x, b, c)
