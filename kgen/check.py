@@ -78,6 +78,9 @@ FUNCTIONS: dict[str, Fn] = {
     "mean": Fn(Op.MEAN, ("x", "axis"), (("axis", -1),), result="float"),
     **{d: Fn(Op.CAST, ("x",), result="cast") for d in D.BY_NAME},
 }
+# max and min reduce; what a second tensor argument suggests was meant
+_ELEMENTWISE_HINT = {Op.MAX: " (for the elementwise maximum use maximum(a, b))",
+                     Op.MIN: " (for the elementwise minimum use minimum(a, b))"}
 
 BINARY_OPS = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "/": Op.DIV, "**": Op.POW, "@": Op.MATMUL,
               "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE, "==": Op.EQ, "!=": Op.NE}
@@ -306,6 +309,7 @@ class _Checker:
         self.parent: dict[str, str] = {}     # union-find over symbols (strict=False only)
         self.order: list[str] = []
         self.hints: dict[str, str] = {}     # symbol -> the name its role suggests (M, K, N)
+        self.targets: frozenset[str] = frozenset()   # the kernel body's assigned names
 
     # --- symbols ------------------------------------------------------------
     def _find(self, d: str) -> str:
@@ -371,6 +375,7 @@ class _Checker:
             if name.id in dims:
                 raise SpecError(f"'{name.id}' names both a dimension and a value; rename one", name.span)
         stmts = []
+        self.targets = frozenset(a.target.id for a in k.body)
         for a in k.body:
             check_name(a.target, "value")
             if a.target.id in env:
@@ -464,6 +469,8 @@ class _Checker:
         if isinstance(e, S.Name):
             if e.id not in env:
                 check_name(e, "value")   # nan and inf: the language writes them otherwise
+                if e.id in self.targets:
+                    raise SpecError(f"'{e.id}' is read before it is assigned; assign it first", e.span)
                 raise SpecError(f"unknown name '{e.id}'{did_you_mean(e.id, env)}", e.span)
             return env[e.id]
         if isinstance(e, S.Neg):
@@ -566,7 +573,8 @@ class _Checker:
         elif isinstance(axis_expr, S.Number) and isinstance(axis_expr.value, int):
             axis, span = axis_expr.value, axis_expr.span
         else:
-            raise SpecError("axis must be an integer literal", getattr(axis_expr, "span", e.span))
+            hint = _ELEMENTWISE_HINT.get(fn.op, "") if len(e.args) > 1 else ""   # max(x, w): maximum?
+            raise SpecError(f"axis must be an integer literal{hint}", getattr(axis_expr, "span", e.span))
         rank = len(x.shape)
         if rank == 0:
             raise SpecError(f"{e.func.id} needs a tensor with at least one axis, got {type_str(x.dtype, x.shape)}",
@@ -583,8 +591,7 @@ class _Checker:
     def _bind(self, fn: Fn, e: S.Call) -> dict:
         name = e.func.id
         if len(e.args) > len(fn.params):
-            hint = " (for the elementwise maximum use maximum(a, b))" if fn.op is Op.MAX else \
-                   " (for the elementwise minimum use minimum(a, b))" if fn.op is Op.MIN else ""
+            hint = _ELEMENTWISE_HINT.get(fn.op, "")
             raise SpecError(f"{name} takes at most {len(fn.params)} arguments "
                             f"({', '.join(fn.params)}), got {len(e.args)}{hint}", e.span)
         bound = dict(zip(fn.params, e.args))

@@ -170,6 +170,10 @@ def _syntax_error(e: lark.exceptions.UnexpectedInput, text: str, path: str) -> S
     expected = sorted({_TOKEN_NAMES.get(t) or _literal_token(t) for t in tokens if t != "_SEP"})
     if expected and len(expected) <= 6:
         what += "; expected " + ", ".join(expected)
+    if re.match(r"\s*kernel\s+[^\s=]", lines[line - 1]) and not _HEADER.match(text):   # read as statements
+        before = re.sub(r"#[^\n]*", "", "\n".join(lines[:line - 1])).strip(" \t\n;")
+        what += (" (statements without a header cannot sit beside a kernel definition: put them in its body)"
+                 if before else " (a kernel's name starts with a letter)")
     if lines[line - 1].split()[:1] == ["schedule"] and not re.search(r"^\s*kernel\b", text, re.M):
         what += (" (a schedule section belongs to a kernel with a header, kernel NAME(...) -> ... { ... }: "
                  "statements without one take kgen's own choices)")

@@ -85,6 +85,23 @@ def test_a_schedule_after_headerless_statements_says_it_needs_a_header():
     assert "belongs to a kernel" not in str(info.value)
 
 
+@pytest.mark.parametrize("text, line, col, hint", [
+    ("kernel 2f(X: f32[N]) -> Y { Y = X }", 1, 8, "a kernel's name starts with a letter"),
+    ("# a comment\nkernel 2f(X: f32[N]) -> Y { Y = X }", 2, 8, "a kernel's name starts with a letter"),
+    ("Y = X * 2\nkernel f(X: f32[N]) -> Y { Y = X }", 2, 8,
+     "statements without a header cannot sit beside a kernel definition: put them in its body"),
+    ("kernel = X +", 1, 13, None),   # a value named kernel: the plain syntax error
+])
+def test_a_kernel_line_read_as_statements_says_why(text, line, col, hint):
+    """Text whose first word is not a well-formed header is statements: a kernel line among
+    them says why it could not start a kernel, not only which token the statement expected."""
+    with pytest.raises(SpecError) as info:
+        parse(text)
+    assert (info.value.span.line, info.value.span.col) == (line, col)
+    message = str(info.value).splitlines()[0]
+    assert (hint in message) if hint else not any(h in message for h in ("kernel's name", "header"))
+
+
 def test_multi_line_calls_and_continuations():
     text = ("Y = where(X > 0,\n          X,\n          leaky_relu(X,\n                     alpha=0.2))\n"
             "Z = X + \\\n    1")
