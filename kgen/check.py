@@ -111,6 +111,16 @@ def check_headerless_names(kernel: S.Kernel) -> None:
         check_name(S.Name(name, _first_use(kernel, name) or kernel.span), "parameter")
     for stmt in kernel.body:
         check_name(stmt.target, "value")
+        for e, _ in S.walk(stmt.value):   # what needs no types: each call's function and arguments
+            if isinstance(e, S.Call):
+                _Checker.bind(_function(e), e)
+
+
+def _function(e: S.Call) -> Fn:
+    fn = FUNCTIONS.get(e.func.id)
+    if fn is None:
+        raise SpecError(f"unknown function '{e.func.id}'{did_you_mean(e.func.id, FUNCTIONS)}", e.func.span)
+    return fn
 
 
 def headerless_inputs(kernel: S.Kernel) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -523,10 +533,8 @@ class _Checker:
 
     def call(self, e: S.Call, env: dict[str, Node]) -> Node:
         name = e.func.id
-        fn = FUNCTIONS.get(name)
-        if fn is None:
-            raise SpecError(f"unknown function '{name}'{did_you_mean(name, FUNCTIONS)}", e.func.span)
-        bound = self._bind(fn, e)
+        fn = _function(e)
+        bound = self.bind(fn, e)
         if fn.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
             return self.reduction(fn, e, bound, env)
         operands = []
@@ -588,7 +596,8 @@ class _Checker:
         shape = x.shape[:axis] + (1,) + x.shape[axis + 1:]
         return Node(fn.op, dtype, shape, (x,), axis, e.span)
 
-    def _bind(self, fn: Fn, e: S.Call) -> dict:
+    @staticmethod
+    def bind(fn: Fn, e: S.Call) -> dict:
         name = e.func.id
         if len(e.args) > len(fn.params):
             hint = _ELEMENTWISE_HINT.get(fn.op, "")

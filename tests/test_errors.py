@@ -240,10 +240,14 @@ def test_error_through_compile_and_call_names_the_file(tmp_path):
     with pytest.raises(SpecError) as info:
         kgen.compile(spec)
     assert str(info.value).startswith(f"{spec.as_posix()}:2:9: unknown function 'sigmod'")
-    # a headerless spec is checked at its first call, when types are known
-    k = kgen.compile("Y = X + gleu(X)")
+    # a headerless spec's types come at its first call; its functions and their arguments, at compile
     with pytest.raises(SpecError, match=r"<string>:1:9: unknown function 'gleu' \(did you mean 'gelu'\?\)"):
-        k(__import__("torch").ones(3))
+        kgen.compile("Y = X + gleu(X)")
+    for text, col, message in [("Y = exp(X, X)", 5, "exp takes at most 1 arguments"),
+                               ("Y = X * leaky_relu(X, alpah=0.1)", 23, "leaky_relu has no argument 'alpah'"),
+                               ("Y = where(X > 0, 1 + clamp(X), x=X)", 32, "where has no argument 'x'")]:
+        with pytest.raises(SpecError, match=f"<string>:1:{col}: {message}"):
+            kgen.compile(text)
 
 
 def test_a_file_name_with_control_characters_stays_on_the_error_line(tmp_path):
