@@ -1014,17 +1014,37 @@ def test_chunk_loops_assign_only_what_they_read(text):
 
 @pytest.mark.parametrize("text", [*(f"specs/{n}.k" for n in ("softmax", "log_softmax", "layernorm", "rmsnorm")),
                                   "d = X - mean(X); Y = X * rsqrt(mean(d * d) + 1e-5)",
-                                  "s = sum(X); Y = X - mean(X) + s"])
+                                  "s = sum(X); Y = X - mean(X) + s", "Y = sum(X)",
+                                  "kernel k(X: f32[M, N], Q: f32[M, 1]) -> Y: f32[M, N] { s = sum(X); Y = X / s * Q }",
+                                  "kernel k(R: f16[M, 1], W: f16[N]) -> Y: f16[M, N] { t = R * W; Y = t - max(t) }"])
 def test_looped_kernel_reads_every_name_it_assigns(text):
     """No value after a sweep goes unread (``_read_finals``): a mean whose only use is in its
-    variance is merged chunk by chunk, and no ``mean = total / n_cols`` follows."""
+    variance is merged chunk by chunk, and no ``mean = total / n_cols`` follows; a shifted
+    row's lane bounds are computed where a chunk reads them.  The split kernel's peer helper
+    loads and takes only what its chunk's reduction reads (Q only in the outputs' sweep)."""
     kernel = kgen.compile(text)
     tree = ast.parse(kernel.source)
-    fn = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
-              and node.name == f"{kernel.name}_looped_kernel")
-    names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
-    stored = {n.id for n in names if isinstance(n.ctx, ast.Store)}
-    assert stored and stored <= {n.id for n in names if isinstance(n.ctx, ast.Load)}
+    for name in (f"{kernel.name}_looped_kernel", f"_{kernel.name}_peer_partials"):
+        fn = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name), None)
+        if fn is None:
+            assert "peer" in name and "Q" not in text, "a spec that splits has a peer helper"
+            continue
+        names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
+        read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+        stored = {n.id for n in names if isinstance(n.ctx, ast.Store)}
+        assert stored and stored <= read, (name, stored - read)
+        params = {a.arg for a in fn.args.args if not isinstance(a.annotation, ast.Attribute)}
+        assert params <= read, (name, params - read)
+
+
+def test_a_lone_looped_sweep_runs_forward():
+    """Sweeps alternate direction so that one starts on the chunks the one before read last;
+    a row's sums alone take one sweep, which has no sweep beside it to follow."""
+    source = kgen.compile("Y = sum(X)").source
+    looped = source.split("_looped_kernel(")[1].split("\ndef ")[0]
+    assert "lane0 = col0" in looped and "backward" not in looped
+    softmax = spec_kernel("softmax").source.split("_looped_kernel(")[1].split("\ndef ")[0]
+    assert "lane0 = col0" in softmax and "backward" in softmax
 
 
 @pytest.mark.parametrize("make", [lambda: spec_kernel("layernorm"),

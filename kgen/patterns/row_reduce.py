@@ -419,6 +419,13 @@ class Sweep:
                           self.stores, self.whole_after))
 
     @property
+    def code(self) -> list:
+        """Every line the looped kernel prints for this sweep (strings and Lines)."""
+        return [*self.before, *(c for part in self.loops for c in (part.header, *part.columns, *part.lanes, *self.loads,
+                                                                    *part.body, *part.stores, *part.after)),
+                *self.after]
+
+    @property
     def lanes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The lane lines of the chunks inside the row and of those at its ends."""
         return INNER_LANES, END_LANES + (END_COUNT if self.counted else ())
@@ -503,11 +510,19 @@ class RowReducePlan:
     pattern: str = "row_reduce"
 
     @property
+    def peer_tile_loads(self) -> tuple[str, ...]:
+        """The per-tile loads that the chunk's reduction reads (a per-row operand that only the
+        outputs read is not loaded in the split kernel's peer helper)."""
+        reduce = self.split.reduce
+        code = _code([*reduce.before, *reduce.single.lanes, *reduce.loads, *reduce.single.body, *reduce.after])
+        return tuple(line for line in self.looped_tile_loads if _reads(code, _ASSIGNS.match(line).group(1)))
+
+    @property
     def peer_parameters(self) -> tuple[str, ...]:
         """The pointers, sizes and strides that the split kernel's peer helper reads: the operands
         of the chunk's reduction (none of the outputs)."""
         reduce = self.split.reduce
-        code = _code([*self.uniform_loads, *self.coordinates, *self.looped_tile_loads, *self.split.peer_starts,
+        code = _code([*self.uniform_loads, *self.coordinates, *self.peer_tile_loads, *self.split.peer_starts,
                       *reduce.before, *reduce.single.columns, *reduce.single.lanes, *reduce.loads,
                       *reduce.single.body, *reduce.single.stores, *reduce.after])
         return tuple(p for p in (*self.pointers, *self.sizes, *self.strides) if p == "n_rows" or _reads(code, p))
@@ -779,7 +794,7 @@ class _Planner:
                             "n_ends = whole_lo + n_chunks - whole_hi  # the others hold the row's ends",
                             *(o.load() for o in uniform)),
             looped_tile_loads=tuple(o.load() for o in row_loaded),
-            row_starts=_row_starts([o for o in operands if o.start]),
+            row_starts=read_lanes(_row_starts([o for o in operands if o.start]), [c for s in sweeps for c in s.code]),
             shifted=tuple(o.name for o in operands if o.start),
             vec=vec,
             uniform_loads=tuple(o.load() for o in uniform),
@@ -928,9 +943,10 @@ class _Planner:
         # Directions alternate, back from the outputs' sweep: forward where it reads operands
         # that no sweep before it did (layernorm's W and B, rmsnorm's W; backward, shifted f16
         # rows ran 5-28% slower on an H200), else backward (softmax f16 at N = 65536: 2% faster).
+        # (A lone looping sweep, as a row's sums alone take, runs forward.)
         looping = [i for i, s in enumerate(sweeps) if s.loops]
-        earlier = {line for s in sweeps[:-1] for line in s.loads}
-        last_backward = set(sweeps[-1].loads) <= earlier
+        earlier = {line for i in looping[:-1] for line in sweeps[i].loads}
+        last_backward = len(looping) > 1 and set(sweeps[looping[-1]].loads) <= earlier
         for turn, i in enumerate(reversed(looping)):
             sweeps[i] = replace(sweeps[i], backward=(turn % 2 == 0) == last_backward)
         return _read_finals(sweeps), exchanges
