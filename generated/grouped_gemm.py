@@ -334,7 +334,7 @@ def _group_len(*named):
         if G is None:
             first, G = name, len(values)
         elif len(values) != G:
-            raise ArgumentError(f"{name}: expected a list of {G} tensors (as {first}), got {len(values)}")
+            raise ArgumentError(f"{name}: expected a list of {_counted(G, 'tensor')} (as {first}), got {len(values)}")
     if G > _GROUP_MAX:
         raise ArgumentError(f"{first}: expected at most {_GROUP_MAX} problems, got {G}")
     return G
@@ -385,6 +385,19 @@ def _group_dims(name, shapes, axis, expected, symbol, source):
         raise ArgumentError(f"{name}[{i}]: expected {symbol} = {wants[i]}{origin}, got {sizes[i]}")
 
 
+def _counted(n, thing):
+    return f"{n} {thing}{'s' * (n != 1)}"
+
+
+def _group_given(values):
+    """What a call passed where a list of tensors goes, as a message names it."""
+    if not isinstance(values, (list, tuple)):
+        return type(values).__name__
+    kinds = {"tensor" if isinstance(v, torch.Tensor) else "list" if isinstance(v, (list, tuple)) else "value"
+             for v in values}
+    return f"a {type(values).__name__} of {_counted(len(values), kinds.pop() if len(kinds) == 1 else 'value')}"
+
+
 def _group_outputs(out, device, G, inputs, *specs):
     """Per output, a list of G [M, N] tensors: the caller's (out=: the list, or a tuple of
     lists for several outputs), checked, or new ones carved from one allocation (stacked
@@ -406,15 +419,15 @@ def _group_outputs(out, device, G, inputs, *specs):
             flat = torch.empty(total, dtype=dtype, device=device)
             results.append([flat.as_strided((m, n), (n, 1), start) for (m, n), start in zip(shapes, starts)])
         return results
-    if len(specs) > 1 and not isinstance(out, (list, tuple)):
-        raise ArgumentError(f"out: expected a tuple of {len(specs)} lists of tensors, got {type(out).__name__}")
+    if len(specs) > 1 and (not isinstance(out, (list, tuple)) or len(out) != len(specs)
+                           or any(isinstance(values, torch.Tensor) for values in out)):
+        names = ", ".join(name for name, _, _ in specs)
+        raise ArgumentError(f"out: expected a tuple of {len(specs)} lists of tensors ({names}), "
+                            f"got {_group_given(out)}")
     given = [out] if len(specs) == 1 else list(out)
-    if len(given) != len(specs):
-        raise ArgumentError(f"out: expected {len(specs)} lists of tensors, got {len(given)}")
     for values, (name, shapes, dtype) in zip(given, specs):
         if not isinstance(values, (list, tuple)) or len(values) != G:
-            got = f"{len(values)} tensors" if isinstance(values, (list, tuple)) else type(values).__name__
-            raise ArgumentError(f"out ({name}): expected a list of {G} tensors, got {got}")
+            raise ArgumentError(f"out ({name}): expected a list of {_counted(G, 'tensor')}, got {_group_given(values)}")
         for i, (value, shape) in enumerate(zip(values, shapes)):
             _check_out(f"out ({name}[{i}])", value, shape, dtype, device)
     given = [list(values) for values in given]

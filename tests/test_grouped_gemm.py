@@ -619,6 +619,45 @@ def test_lists_of_different_lengths():
     assert "B" in msg and "expected a list of 3 tensors (as A), got 2" in msg
 
 
+def test_lists_the_kernel_never_reads_are_checked_as_a_gemms_tensors():
+    """A list parameter the body never reads is checked like the others (its length, dtype,
+    rank and sizes), in the MoE form as the ragged or stacked tensor it would be; a single
+    tensor beside lists is refused at compile, read or not."""
+    spec = "kernel unread(A: [f32[M, K]], B: [f32[K, N]], R: [f32[M, N]]) -> C: [f32[M, N]] { C = A @ B }"
+    k = kgen.compile(spec)
+    a, b = [randn(3, 4), randn(2, 4)], [randn(4, 5), randn(4, 6)]
+    for r, words in [(42, "R: expected a list of tensors"), ([randn(3, 5)], "R: expected a list of 2 tensors"),
+                     ([randn(3, 5), randn(7)], r"R\[1\]: expected f32\[M, N\], got a torch.float32 tensor "
+                                               r"of shape \(7,\)"),
+                     ([randn(3, 5), randn(2, 5)], r"R\[1\]: expected N = 6 \(from B\[1\]\), got 5")]:
+        with pytest.raises(kgen.CallError, match=words):
+            k(a, b, r)
+    for g, x, y in zip(k(a, b, [randn(3, 5), randn(2, 6)]), a, b):
+        assert_close(g, x.double() @ y.double(), bound(x, y))
+    rows, w = randn(6, 4), randn(2, 4, 5)
+    with pytest.raises(kgen.CallError, match=r"R: expected f32\[T, N\] = \[6, 5\]"):
+        k.moe(rows, w, randn(5, 99), offs=[3, 6])
+    got = k.moe(rows, w, randn(6, 5), offs=[3, 6])
+    assert_close(got, torch.cat([rows[:3].double() @ w[0].double(), rows[3:].double() @ w[1].double()]),
+                 bound(rows, w[0]))
+    with pytest.raises(kgen.UnsupportedError, match="'R' is one tensor in a grouped GEMM"):
+        kgen.compile(spec.replace("R: [f32[M, N]]", "R: f32[N]"))
+
+
+def test_out_lists_given_in_the_wrong_form_say_what_was_given():
+    two = kgen.compile("kernel two(A: [f32[M, K]], B: [f32[K, N]]) -> (C: [f32[M, N]], D: [f32[M, N]]) "
+                       "{ C = A @ B; D = C * 2 }")
+    a, b = [randn(3, 4)] * 2, [randn(4, 5)] * 2
+    c = [torch.empty(3, 5, device=DEVICE) for _ in range(2)]
+    with pytest.raises(kgen.CallError, match=r"out: expected a tuple of 2 lists of tensors \(C, D\), "
+                                             r"got a list of 2 tensors"):
+        two(a, b, out=c)
+    with pytest.raises(kgen.CallError, match=r"out \(C\): expected a list of 2 tensors, got a list of 1 list$"):
+        compiled("C = A @ B")(a, b, out=[c])
+    with pytest.raises(kgen.CallError, match=r"B: expected a list of 1 tensor \(as A\), got 2"):
+        compiled("C = A @ B")(a[:1], b)
+
+
 def test_empty_list():
     assert "empty list" in bad_call("C = A @ B", [], [])
     k = kgen.compile("specs/grouped_gemm.k")

@@ -298,7 +298,7 @@ def match(kir: KernelIR) -> GroupedPlan | None:
                                f"{type_str(kir.outputs[0].node.dtype, low.out_shape)}",
                                kir.outputs[0].span)
     for p in kir.params:
-        if not p.is_scalar and not p.is_list and p.name in low.tensors:
+        if not p.is_scalar and not p.is_list:
             raise UnsupportedError(f"'{p.name}' is one tensor in a grouped GEMM whose other inputs are lists; "
                                    f"make it a list ([{type_str(p.dtype, p.shape)}]), one per problem", p.span)
     check_locals(kir, KERNEL_LOCALS, "grouped GEMM", dims=HOST_LOCALS)
@@ -393,8 +393,9 @@ def match(kir: KernelIR) -> GroupedPlan | None:
 # --- the list form's host ----------------------------------------------------------
 
 def _list_host(kir: KernelIR, low: gemm.Lowered, params: dict) -> tuple[tuple[str, ...], tuple[str, str, str]]:
-    """Host lines that check the lists and bind each symbol to its per-problem sizes."""
-    tensors = [params[t] for t in low.tensors]
+    """Host lines that check the lists (those the kernel never reads too, as a GEMM checks its
+    tensors) and bind each symbol to its per-problem sizes."""
+    tensors = [p for p in kir.params if p.is_list]
     named = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
     lines = [f"G = _group_len({named})"]
     for p in tensors:
@@ -443,15 +444,15 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
     m = low.mm.shape[0]
     if not isinstance(m, str):
         return {**none, "moe_why": f"its M is a literal ({m}), so the problems cannot differ in rows"}
-    ragged = {}
-    for t in list(low.tensors) + list(low.outputs):
-        shape = shapes[t]
+    ragged = {}   # every list (those never read too, checked as they would be read) and output
+    for t in [p.name for p in kir.params if p.is_list] + list(low.outputs):
+        shape, dtype = (shapes[t], dtypes[t]) if t in shapes else (params[t].shape, params[t].dtype)
         if m not in shape:
             ragged[t] = False
         elif shape[0] == m and m not in shape[1:]:
             ragged[t] = True
         else:
-            return {**none, "moe_why": f"'{t}' has M on an axis other than its first ({type_str(dtypes[t], shape)})"}
+            return {**none, "moe_why": f"'{t}' has M on an axis other than its first ({type_str(dtype, shape)})"}
     taken = {d for s in shapes.values() for d in s if isinstance(d, str)} | set(params) | set(low.outputs)
     T = _fresh(taken, "T", "T_rows", "total_rows")
     G = "G"   # never a spec's dimension (HOST_LOCALS)
