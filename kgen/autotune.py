@@ -121,7 +121,7 @@ def problem_key(arguments: dict, buckets=()) -> str:
 def cache_path(kernel: str, source: str, device_name: str, triton_version: str) -> Path:
     from .runtime import cache_dir
     return (cache_dir() / "autotune" / _safe(device_name) / f"triton-{_safe(triton_version)}"
-            / f"{kernel}-{source_hash(source)[:20]}.json")
+            / f"{kernel[:100]}-{source_hash(source)[:20]}.json")   # the hash tells long names apart
 
 
 def source_hash(source: str) -> str:
@@ -136,7 +136,8 @@ def _safe(text: str) -> str:
 def _locked(path: Path):
     """An exclusive lock on ``path``'s sibling ``.lock`` file (none where fcntl is missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent / f"{path.name}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+    # (not through a link someone left in a shared folder: that would create the file it names)
+    fd = os.open(path.parent / f"{path.name}.lock", os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -24,7 +24,7 @@ import torch
 
 from . import dtypes as D
 from .errors import KgenError
-from .files import check_name, display_path, existing_kind
+from .files import check_name, display_path, existing_kind, new_temp
 from .ir import REDUCTIONS, KernelIR, Op, topo_order
 from .reference import compare, evaluate
 
@@ -498,7 +498,6 @@ def _same_file(a: Path, b: Path) -> bool:
 def _check_destination(path: Path | None, option: str) -> None:
     """Refuse, before any timing, a file that could not be written at the end: a name the file
     system does not take, a folder or FIFO in its place, or a folder that is missing or read-only."""
-    import tempfile
     if path is None:
         return
     check_name(path, option)
@@ -511,7 +510,7 @@ def _check_destination(path: Path | None, option: str) -> None:
         raise KgenError(f"{option}: {display_path(folder)} is {folder_kind or 'missing'}; expected the folder "
                         f"to write {path.name} into")
     try:   # as the write will: a temporary file beside the target (access() says yes to root on a read-only mount)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kgen-", suffix=".tmp")
+        fd, probe = new_temp(os.path.realpath(folder), ".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -673,8 +672,6 @@ def _print_row(r: Row) -> None:
 
 def _plot(rows: list[Row], path: Path) -> None:
     """A bar chart of the rows' rates, written whole (a temporary file renamed) or not at all."""
-    import tempfile
-    from .runtime import _UMASK
     _image_formats()
     import matplotlib
     matplotlib.use("Agg")
@@ -692,11 +689,11 @@ def _plot(rows: list[Row], path: Path) -> None:
     fig.tight_layout()
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=path.suffix)
+        folder = os.path.realpath(path.parent)   # as write_atomic takes it
+        fd, tmp = new_temp(folder, path.suffix)
         os.close(fd)
-        os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
         fig.savefig(tmp, dpi=120, format=path.suffix[1:].lower())
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(folder, path.name))
     except Exception as e:   # a format's writer missing (pgf needs LaTeX), a full disk
         raise KgenError(f"--plot: cannot write {display_path(path)}: {e}") from None
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import stat
 import threading
@@ -44,6 +45,19 @@ def held_signals(*signums: int) -> Iterator[None]:
 
 class NotRegularFile(KgenError):
     """A path to read is a folder, a FIFO, a socket or a device, not a regular file."""
+
+
+def new_temp(folder: str, suffix: str) -> tuple[int, str]:
+    """A new file in ``folder`` that a rename will put in place: (descriptor, path).  Made with
+    open()'s mode, 0o666 less the umask the process has now (the system applies it; mkstemp's
+    would be 0o600), and never through a link (O_EXCL)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = os.path.join(folder, f".kgen-{secrets.token_hex(6)}{suffix}")   # short: any name fits
+        try:
+            return os.open(path, flags, 0o666), path
+        except FileExistsError:
+            continue
 
 
 def display_path(path: str | os.PathLike) -> str:

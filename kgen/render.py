@@ -76,7 +76,10 @@ _ANSI_C = [f"\\{chr(b)}" if chr(b) in "\\'" else chr(b) if 0x20 <= b <= 0x7e els
 
 def _relative(folder: str) -> str:
     """A folder relative to the working one (``../out``), however it was spelled (``/abs/out``,
-    ``a/../out/``), so that one folder gives one header; absolute where no relative path leads."""
+    ``a/../out/``), so that one folder gives one header; absolute where no relative path leads.
+    '..' is taken as the file system takes it, out of a symlinked folder (as the build writes)."""
+    if ".." in Path(folder).parts:
+        folder = os.path.realpath(folder)
     try:
         return Path(os.path.relpath(folder)).as_posix()
     except ValueError:   # another drive

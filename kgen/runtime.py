@@ -18,7 +18,6 @@ import linecache
 import os
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,8 +26,8 @@ import torch
 from . import dtypes as D
 from . import syntax as S
 from .check import Arg, check_headerless_names, headerless_inputs, headerless_name, matmul_lhs_inputs
-from .errors import CallError, KgenError, Span, SpecError, did_you_mean, notice
-from .files import abridged, display_path, folder_problem, held_signals, read_regular
+from .errors import CallError, KgenError, Span, SpecError, did_you_mean, notice, printable
+from .files import abridged, display_path, folder_problem, held_signals, new_temp, read_regular
 from .grad import call_recorded, needing_grad
 from .parse import parse
 from . import pipeline
@@ -97,6 +96,11 @@ def _interpret_triton_library() -> None:
                 setattr(owner, name, wrapped[id(value)])
 
 
+def _shown(path: Path) -> str:
+    """A cache path in a message: one line (a newline or an escape in KGEN_CACHE_DIR escaped), its ends if long."""
+    return printable(abridged(str(path), 120))
+
+
 def load(source: str):
     """Import generated source through the on-disk cache; one module per content hash."""
     digest = hashlib.sha256(source.encode()).hexdigest()
@@ -116,12 +120,12 @@ def load(source: str):
                 directory.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, source)
         except IsADirectoryError:   # never removed: a folder is no entry kgen wrote
-            raise KgenError(f"the module cache entry {path} is a folder: remove it, or set KGEN_CACHE_DIR to "
-                            f"another folder") from None
+            raise KgenError(f"the module cache entry {_shown(path)} is a folder: remove it, or set KGEN_CACHE_DIR "
+                            f"to another folder") from None
         except OSError as e:
-            why = folder_problem(directory) or e
-            raise KgenError(f"cannot write the module cache in {directory} (set KGEN_CACHE_DIR to a writable "
-                            f"folder): {why}") from None
+            why = folder_problem(directory) or e.strerror or e
+            raise KgenError(f"cannot write the module cache in {_shown(directory)} (set KGEN_CACHE_DIR to a "
+                            f"writable folder): {why}") from None
         name = f"kgen_generated_{digest[:24]}"
         # Triton reads a kernel's source back through inspect (at @triton.jit, and the interpreter
         # at its first call): from linecache, seeded with the checked text for good (mtime None:
@@ -149,22 +153,19 @@ class _SourceLoader(importlib.machinery.SourceFileLoader):
         return builtins.compile(self.source, self.path, "exec", dont_inherit=True)   # kgen.compile is ours
 
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
 def write_atomic(path: Path, text: str) -> None:
     """Write by temp file and rename: readers see the old file or the new one, never half.
     Ctrl-C or SIGTERM during the write comes once it is over (``held_signals``): no temp file
     is left behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # the folder the system reached: '..' after a symlinked folder leads out of the folder linked to
+    folder = os.path.realpath(path.parent)
     with held_signals(signal.SIGINT, signal.SIGTERM):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kgen-", suffix=".tmp")   # short: any name fits
+        fd, tmp = new_temp(folder, ".tmp")
         try:
-            os.chmod(tmp, 0o666 & ~_UMASK)     # as open() would make it, not mkstemp's 0600
             with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
-            os.replace(tmp, path)
+            os.replace(tmp, os.path.join(folder, path.name))
         except BaseException:
             try:
                 os.unlink(tmp)

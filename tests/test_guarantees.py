@@ -518,12 +518,16 @@ def test_a_corrupt_cached_module_is_rewritten(tmp_path, monkeypatch, device):
 def test_cached_bytecode_is_never_trusted(tmp_path, monkeypatch, device):
     """A module is compiled from the source kgen checked, so a __pycache__ file beside it
     (tampered, or of other code with the right timestamp) is never run; files are written
-    readable as the umask allows, not mkstemp's 0600."""
+    readable as the umask allows now (set after kgen was imported), not mkstemp's 0600."""
     import importlib.util
     import py_compile
     from kgen import runtime
-    source, cached = _cached("kernel pyc_probe(x: f32[N]) -> y: f32[N] { y = x * 3 }", tmp_path, monkeypatch)
-    assert cached.stat().st_mode & 0o777 == 0o666 & ~runtime._UMASK
+    before = os.umask(0o027)
+    try:
+        source, cached = _cached("kernel pyc_probe(x: f32[N]) -> y: f32[N] { y = x * 3 }", tmp_path, monkeypatch)
+    finally:
+        os.umask(before)
+    assert cached.stat().st_mode & 0o777 == 0o640
     stat = cached.stat()
     tampered = "raise SystemExit('bytecode ran')\n#"
     cached.write_text(tampered + "#" * (len(source.encode()) - len(tampered)))   # same size: the pyc matches
@@ -631,6 +635,18 @@ def test_a_folder_at_a_module_cache_entry_is_named_and_left(tmp_path, monkeypatc
     entry.mkdir()
     (entry / "mine").write_text("kept")
     monkeypatch.setattr(runtime, "_modules", {})
-    with pytest.raises(kgen.KgenError, match=f"the module cache entry {re.escape(str(entry))} is a folder: remove it"):
+    with pytest.raises(kgen.KgenError, match=f"the module cache entry .*{re.escape(entry.name)} is a folder: remove it"):
         kgen.compile(text)
     assert (entry / "mine").read_text() == "kept"
+
+
+def test_a_cache_folder_with_control_characters_or_a_long_name_stays_one_short_line(tmp_path, monkeypatch):
+    from kgen import runtime
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "a_file" / ("new\nline\x1b[31m" + "z" * 200)))
+    monkeypatch.setattr(runtime, "_modules", {})
+    with pytest.raises(kgen.KgenError) as info:
+        kgen.compile("kernel odd_cache_probe(x: f32[N]) -> y: f32[N] { y = x + 8 }")
+    message = str(info.value)
+    assert "\n" not in message and "\x1b" not in message and len(message) < 400, repr(message)
+    assert message.startswith("cannot write the module cache in ") and "a_file is a file" in message
