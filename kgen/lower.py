@@ -215,7 +215,8 @@ class Printer:
                 base, base_prec = f"pow_int({base}, {abs(n)})", CALL
             if n > 0:
                 return base, base_prec
-            if node.inputs[0].is_weak and node.inputs[0].dtype.is_float:   # as for b / c: 1.0 / 0.0 of Python floats raises on the interpreter
+            # as for b / c: 1.0 / 0.0 of Python floats raises on the interpreter
+            if node.inputs[0].is_weak and node.inputs[0].dtype.is_float:
                 base, base_prec = WEAK_CASTS[D.F32][0].format(base), CALL
             return f"1.0 / {base if base_prec > MUL else f'({base})'}", MUL
         elif _number_power(node):

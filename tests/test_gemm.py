@@ -960,6 +960,29 @@ def test_concurrent_tuners_keep_every_entry(cache):
     assert set(keys) <= set(tuner._disk(args[0]).entries())
 
 
+def test_a_long_kernel_name_still_persists_its_tuning(cache):
+    """The cache file is named after the kernel: a name near the file system's limit is cut
+    (the source hash beside it tells kernels apart), so a second process still reads it."""
+    name = "g" * 240
+    kernel = compiled(f"kernel {name}(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {{ C = relu(A @ B) }}")
+    a, b = randn(40, 20), randn(20, 30)
+    times = {(32, 32): 3.0, (16, 32): 1.0, (32, 16): 2.0, (16, 16): 4.0}
+    assert make_tuner(kernel, fake_clock(times, [])).choose((a, b), {}) == CONFIGS[1]
+    second = make_tuner(kernel, fake_clock(times, []))
+    assert second.choose((a, b), {}) == CONFIGS[1] and second.tuned == 0
+
+
+def test_the_lock_beside_a_cache_file_is_never_opened_through_a_link(cache, tmp_path_factory):
+    """A link left at the lock's name in a shared cache folder would have the lock create the
+    file it names: the store is refused instead (a notice, then a re-tune next time)."""
+    kernel, args, times, path, data, key = planted(cache)
+    victim = tmp_path_factory.mktemp("elsewhere") / "victim"
+    (path.parent / f"{path.name}.lock").unlink(missing_ok=True)
+    (path.parent / f"{path.name}.lock").symlink_to(victim)
+    make_tuner(kernel, fake_clock(times, []))._disk(args[0]).store("another-problem", CONFIGS[0], 1.0)
+    assert not victim.exists()
+
+
 def test_trusted_cache_entry_is_used(cache):
     """The control for the test above: an intact planted entry is believed."""
     kernel, args, times, path, data, key = planted(cache)

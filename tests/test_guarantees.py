@@ -635,7 +635,7 @@ def test_a_folder_at_a_module_cache_entry_is_named_and_left(tmp_path, monkeypatc
     entry.mkdir()
     (entry / "mine").write_text("kept")
     monkeypatch.setattr(runtime, "_modules", {})
-    with pytest.raises(kgen.KgenError, match=f"the module cache entry .*{re.escape(entry.name)} is a folder: remove it"):
+    with pytest.raises(kgen.KgenError, match=f"the module cache entry .*{re.escape(entry.name)} is a folder: "):
         kgen.compile(text)
     assert (entry / "mine").read_text() == "kept"
 
