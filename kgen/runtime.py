@@ -278,7 +278,8 @@ class Kernel:
         if self._moe_host is None:
             raise CallError(f"{self.name}: no MoE form: {self._moe_why}")
         if offs is None:
-            raise CallError(f"{self.name}.moe: missing offs=, where each problem's rows end")
+            raise CallError(f"{self.name}.moe: missing offs=, where each problem's rows end"
+                            f"{_offs_hint(args, self.inputs)}")
         if kwargs.get("config", 0) is None:   # no config, as __call__ takes it
             del kwargs["config"]
         kwargs["offs"] = offs
@@ -289,6 +290,12 @@ class Kernel:
 
     def __reduce__(self):
         return self._origin
+
+
+def _offs_hint(args, inputs) -> str:
+    """Where offs came as one more positional argument: that it is keyword-only."""
+    return f" (offs is keyword-only; {len(args)} arguments came for {len(inputs)} inputs)" \
+        if len(args) > len(inputs) else ""
 
 
 class HeaderlessKernel:
@@ -339,16 +346,21 @@ class HeaderlessKernel:
         rows stacked ``[T, ...]`` when it has as many rows as the matmul's left operand
         (the first 2-D input it reads), else problems stacked; rank 0 or 1, problems stacked."""
         try:
-            kernel, args = self._moe_kernel_for(args, kwargs, offs)
+            kernel, args, key = self._moe_kernel_for(args, kwargs, offs)
         except CallError as e:
             raise CallError(f"{self.name}: {e}") from None
         self._last = kernel
-        return kernel.moe(*args, offs=offs, out=out, **_given(config))
+        try:
+            return kernel.moe(*args, offs=offs, out=out, **_given(config))
+        except CallError as e:   # a tensor of the wrong shape as read: how the call's tensors were read
+            if ", got shape (" not in str(e):
+                raise
+            raise CallError(f"{e} (the MoE form read {self._moe_reading(args, key)})") from None
 
-    def _moe_kernel_for(self, args, kwargs, offs) -> tuple[Kernel, tuple]:
-        """``moe``'s kernel for these arguments, and the arguments in input order."""
+    def _moe_kernel_for(self, args, kwargs, offs) -> tuple[Kernel, tuple, tuple]:
+        """``moe``'s kernel for these arguments, the arguments in input order, and its key."""
         if offs is None:
-            raise CallError("moe: missing offs=, where each problem's rows end")
+            raise CallError(f"moe: missing offs=, where each problem's rows end{_offs_hint(args, self.inputs)}")
         args = self._bind(args, kwargs)
         if len(args) != len(self.inputs):
             raise CallError(f"expected {len(self.inputs)} inputs ({', '.join(self.inputs)}), got {len(args)}")
@@ -384,7 +396,7 @@ class HeaderlessKernel:
                 where = f"{e.span}: " if e.span is not None else ""
                 raise CallError(f"moe: {where}{e.message} (the MoE form read {self._moe_reading(args, key)})") \
                     from None
-        return kernel, args
+        return kernel, args, key
 
     def __reduce__(self):
         return HeaderlessKernel, (self.text, self.path)

@@ -760,8 +760,12 @@ def test_moe_calls_without_offs_or_with_too_many_rows():
     a, w = randn(10, 8), torch.randn(3, 8, 5, device=DEVICE)
     with pytest.raises(kgen.CallError, match="missing offs="):
         k.moe(a, w)
-    with pytest.raises(kgen.CallError, match="grouped_gemm.moe: missing offs="):
+    with pytest.raises(kgen.CallError, match="grouped_gemm.moe: missing offs=, where each problem's rows end$"):
         declared.moe(a.half(), w.half())
+    for kernel, operands in ((k, (a, w)), (declared, (a.half(), w.half()))):   # offs given by position
+        with pytest.raises(kgen.CallError, match=r"missing offs=, .* \(offs is keyword-only; 3 arguments came "
+                                                 r"for 2 inputs\)$"):
+            kernel.moe(*operands, [3, 7, 10])
     with pytest.raises(kgen.CallError, match="offs: expected a 1-D int32 or int64 tensor"):
         k.moe(a, w, offs=torch.tensor(3, dtype=torch.int32, device=DEVICE))
     tall = torch.zeros(1, 8, device=DEVICE).expand(2**31 - 2**24, 8)   # row numbers (and a tile past them) past int32
@@ -787,6 +791,12 @@ def test_headerless_moe_says_how_it_read_a_tensor_that_does_not_fit():
             "'@' needs 2-D or 3-D operands, got f32[K] (the MoE form read X (10, 8) as the problems' rows; "
             "W (8, 6) as one (6,) per problem)")):
         k.moe(randn(10, 8), randn(8, 6), offs=[10])
+    # a residual of one row too many is read as one row per problem: its shape is wrong as read
+    r = compiled("C = A @ B * s + r")
+    with pytest.raises(kgen.CallError, match=re.escape(
+            "r: expected f32[G, N] = [3, 4] (sizes from B), got shape (13, 4) (the MoE form read A (12, 5) as "
+            "the problems' rows; B (3, 5, 4) as one (5, 4) per problem; r (13, 4) as one (4,) per problem)")):
+        r.moe(randn(12, 5), torch.randn(3, 5, 4, device=DEVICE), 2.0, randn(13, 4), offs=[3, 3, 12])
     w = randn(8, 6)
     for listed in ([w], (w,)):   # the list form's lists: the MoE form takes one tensor a parameter
         with pytest.raises(kgen.CallError, match=f"^y: moe: W: expected a tensor \\(the MoE form stacks the problems "
