@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import linecache
 import os
+import re
 import signal
 import sys
 import threading
@@ -321,7 +322,13 @@ class HeaderlessKernel:
         except CallError as e:   # named as the generated kernel's own errors are
             raise CallError(f"{self.name}: {e}") from None
         self._last = kernel
-        return kernel(*args, out=out, **_given(config))
+        try:
+            return kernel(*args, out=out, **_given(config))
+        except CallError as e:   # a list whose problems broadcast differently: what its kernel took
+            mixed = _mixed_ones(self.inputs, args, str(e))
+            if mixed is None:
+                raise
+            raise CallError(f"{e} ({mixed})") from None
 
     def _kernel_for(self, args, kwargs) -> tuple[Kernel, tuple]:
         """The kernel for these arguments (generated at the first call of its key), and the
@@ -564,6 +571,22 @@ def _nested_input(names, args) -> str:
             if isinstance(t, torch.Tensor) and t.is_nested:
                 return f"{label}: expected a dense tensor, got a nested one"
     return "expected dense tensors, got one without sizes"
+
+
+def _mixed_ones(inputs, args, message: str) -> str | None:
+    """Where ``message`` refuses a size of 1 in an element of a list whose tensors have size 1 on
+    an axis in some problems only: that the kernel for these lists broadcasts along an axis only
+    where every problem has size 1 (``_list_key``)."""
+    for name, values in zip(inputs, args):
+        if isinstance(values, (list, tuple)) and re.search(rf"(^|: ){re.escape(name)}\[\d+\]: expected .*, got 1$",
+                                                           message) and \
+                all(isinstance(t, torch.Tensor) for t in values):
+            for axis in range(min(t.dim() for t in values)):
+                ones = [t.shape[axis] == 1 for t in values]
+                if any(ones) and not all(ones):
+                    return (f"{name}'s axis {axis} has size 1 in some problems only: a list broadcasts along an "
+                            f"axis where every problem has size 1")
+    return None
 
 
 def _list_key(values):

@@ -773,6 +773,23 @@ def test_moe_calls_without_offs_or_with_too_many_rows():
         k.moe(tall, w, offs=[1, 2, 3])
 
 
+def test_a_headerless_list_broadcast_in_some_problems_only_says_so():
+    """A headerless list kernel broadcasts along an axis where every problem has size 1 (its
+    key): a residual of one row in some problems only is refused, and the error says why; an
+    error about another size gets no such note."""
+    k = compiled("C = A @ B * s + r")
+    a, b = [randn(5, 3), randn(1, 3), randn(9, 3)], [randn(3, 6), randn(3, 4), randn(3, 1)]
+    with pytest.raises(kgen.CallError, match=re.escape(
+            "r[0]: expected M = 5 (from A[0]), got 1 (r's axis 0 has size 1 in some problems only: a list "
+            "broadcasts along an axis where every problem has size 1)")):
+        k(a, b, 2.0, [randn(1, 6), randn(1, 4), randn(9, 1)])
+    with pytest.raises(kgen.CallError, match=re.escape("r[2]: expected N = 1 (from B[2]), got 2") + "$"):
+        k(a, b, 2.0, [randn(5, 6), randn(1, 4), randn(9, 2)])
+    r = [randn(1, 6), randn(1, 4), randn(1, 1)]     # one row in every problem: broadcast
+    assert_group_close(k(a, b, 2.0, r), [(x.double() @ y.double()) * 2 + z.double() for x, y, z in zip(a, b, r)],
+                       a, b, factor=2.0)
+
+
 def test_headerless_moe_takes_its_rows_from_the_matmul_operand():
     """The MoE form reads T from the matmul's left operand, wherever it comes in the inputs
     (here after a [G, N] bias that is also 2-D)."""
