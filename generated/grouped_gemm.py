@@ -81,7 +81,7 @@ def _check_current(name, device):
 
 def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
-        return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
+        return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype, _ in specs]
     if isinstance(out, torch.Tensor):
         given = [out]
     elif isinstance(out, (list, tuple)):
@@ -91,8 +91,8 @@ def _outputs(out, device, inputs, *specs, inplace=False):
         raise ArgumentError(f"out: expected {wanted}, got {type(out).__name__}")
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
-        _check_out(f"out ({name})", value, shape, dtype, device)
+    for i, (value, (name, shape, dtype, declared)) in enumerate(zip(given, specs)):
+        _check_out(f"out ({name})", value, shape, dtype, device, declared)
         if value.numel() == 0:
             continue
         span = _span(value)
@@ -106,15 +106,21 @@ def _outputs(out, device, inputs, *specs, inplace=False):
     return given
 
 
-def _check_out(label, value, shape, dtype, device):
-    if not isinstance(value, torch.Tensor) or value.is_nested or value.shape != shape or value.dtype != dtype \
-            or value.device != device or value.layout is not torch.strided or value.is_neg():
-        got = type(value).__name__ if not isinstance(value, torch.Tensor) else \
-            f"a nested {value.dtype} tensor on {value.device}" if value.is_nested else \
-            f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-            + (" with torch's lazy negation bit" if value.is_neg() else "")
-        raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
-                            f"got {got}")
+def _check_out(label, value, shape, dtype, device, declared):
+    """An out= tensor, checked as inputs are: ``declared`` is the output's type, f16[M, N]."""
+    sizes = f"{declared} = [{', '.join(map(str, shape))}]"
+    if not isinstance(value, torch.Tensor):
+        raise ArgumentError(f"{label}: expected a tensor {sizes}, got {type(value).__name__}")
+    if value.is_nested or value.layout is not torch.strided or value.is_neg():
+        got = "a nested tensor" if value.is_nested else "a tensor with torch's lazy negation bit" \
+            if value.layout is torch.strided else f"a {value.layout} one"
+        raise ArgumentError(f"{label}: expected a dense tensor {sizes}, got {got}")
+    if value.dtype != dtype:
+        raise ArgumentError(f"{label}: expected {sizes} ({dtype}), got a {value.dtype} tensor")
+    if value.shape != shape:
+        raise ArgumentError(f"{label}: expected {sizes}, got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ArgumentError(f"{label}: expected a tensor on {device} (where the inputs are), got one on {value.device}")
     if _self_overlapping(value):
         raise ArgumentError(f"{label}: several of its elements share memory (a stride of 0?); "
                             f"pass a tensor whose elements are distinct")
@@ -404,7 +410,7 @@ def _group_outputs(out, device, G, inputs, *specs):
     rows where N is the same for all, else each starting at a multiple of 128 bytes)."""
     if out is None:
         results = []
-        for _, shapes, dtype in specs:
+        for _, shapes, dtype, _ in specs:
             widths = {n for _, n in shapes}
             if len(widths) == 1:  # one N: the problems' rows, one after another
                 rows = [m for m, _ in shapes]
@@ -421,17 +427,17 @@ def _group_outputs(out, device, G, inputs, *specs):
         return results
     if len(specs) > 1 and (not isinstance(out, (list, tuple)) or len(out) != len(specs)
                            or any(isinstance(values, torch.Tensor) for values in out)):
-        names = ", ".join(name for name, _, _ in specs)
+        names = ", ".join(name for name, *_ in specs)
         raise ArgumentError(f"out: expected a tuple of {len(specs)} lists of tensors ({names}), "
                             f"got {_group_given(out)}")
     given = [out] if len(specs) == 1 else list(out)
-    for values, (name, shapes, dtype) in zip(given, specs):
+    for values, (name, shapes, dtype, declared) in zip(given, specs):
         if not isinstance(values, (list, tuple)) or len(values) != G:
             raise ArgumentError(f"out ({name}): expected a list of {_counted(G, 'tensor')}, got {_group_given(values)}")
         for i, (value, shape) in enumerate(zip(values, shapes)):
-            _check_out(f"out ({name}[{i}])", value, shape, dtype, device)
+            _check_out(f"out ({name}[{i}])", value, shape, dtype, device, declared)
     given = [list(values) for values in given]
-    _group_disjoint(inputs, [(name, values) for values, (name, _, _) in zip(given, specs)])
+    _group_disjoint(inputs, [(name, values) for values, (name, *_) in zip(given, specs)])
     return given
 
 
@@ -1084,7 +1090,7 @@ def grouped_gemm(A, B, *, out=None, config=None):
     K = [s[1] for s in A_shapes]
     _group_dims("B", B_shapes, 0, K, "K", "A")
     N = [s[1] for s in B_shapes]
-    C, = _group_outputs(out, device, G, (("A", A), ("B", B)), ("C", list(zip(M, N)), torch.float16))
+    C, = _group_outputs(out, device, G, (("A", A), ("B", B)), ("C", list(zip(M, N)), torch.float16, "f16[M, N]"))
     if config is None:
         config = _grouped_gemm_config(M, N, device)
     else:
@@ -1122,7 +1128,8 @@ def grouped_gemm_moe(A, B, *, offs, out=None, config=None):
     _check_shape("B", B, (None, K, None), "f16[G, K, N]", "A")
     device = _device(("A", A), ("B", B))
     offs = _group_offs(offs, G, device, "B", T, "A")
-    C, = _outputs(out, device, (("A", A), ("B", B), ("offs", offs)), ("C", (T, N), torch.float16))
+    C, = _outputs(out, device, (("A", A), ("B", B), ("offs", offs)),
+                  ("C", (T, N), torch.float16, "f16[T, N]"))
     if config is not None:   # checked where nothing is launched too: a bad config is a bad call
         config = _check_tile_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
                                     ("programs_per_sm", "FLATTEN", "TMA"))

@@ -81,7 +81,7 @@ def _check_current(name, device):
 
 def _outputs(out, device, inputs, *specs, inplace=False):
     if out is None:
-        return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
+        return [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype, _ in specs]
     if isinstance(out, torch.Tensor):
         given = [out]
     elif isinstance(out, (list, tuple)):
@@ -91,8 +91,8 @@ def _outputs(out, device, inputs, *specs, inplace=False):
         raise ArgumentError(f"out: expected {wanted}, got {type(out).__name__}")
     if len(given) != len(specs):
         raise ArgumentError(f"out: expected {len(specs)} tensor(s), got {len(given)}")
-    for i, (value, (name, shape, dtype)) in enumerate(zip(given, specs)):
-        _check_out(f"out ({name})", value, shape, dtype, device)
+    for i, (value, (name, shape, dtype, declared)) in enumerate(zip(given, specs)):
+        _check_out(f"out ({name})", value, shape, dtype, device, declared)
         if value.numel() == 0:
             continue
         span = _span(value)
@@ -106,15 +106,21 @@ def _outputs(out, device, inputs, *specs, inplace=False):
     return given
 
 
-def _check_out(label, value, shape, dtype, device):
-    if not isinstance(value, torch.Tensor) or value.is_nested or value.shape != shape or value.dtype != dtype \
-            or value.device != device or value.layout is not torch.strided or value.is_neg():
-        got = type(value).__name__ if not isinstance(value, torch.Tensor) else \
-            f"a nested {value.dtype} tensor on {value.device}" if value.is_nested else \
-            f"a {value.dtype} {value.layout} tensor of shape {tuple(value.shape)} on {value.device}" \
-            + (" with torch's lazy negation bit" if value.is_neg() else "")
-        raise ArgumentError(f"{label}: expected a dense {dtype} tensor of shape {tuple(shape)} on {device}, "
-                            f"got {got}")
+def _check_out(label, value, shape, dtype, device, declared):
+    """An out= tensor, checked as inputs are: ``declared`` is the output's type, f16[M, N]."""
+    sizes = f"{declared} = [{', '.join(map(str, shape))}]"
+    if not isinstance(value, torch.Tensor):
+        raise ArgumentError(f"{label}: expected a tensor {sizes}, got {type(value).__name__}")
+    if value.is_nested or value.layout is not torch.strided or value.is_neg():
+        got = "a nested tensor" if value.is_nested else "a tensor with torch's lazy negation bit" \
+            if value.layout is torch.strided else f"a {value.layout} one"
+        raise ArgumentError(f"{label}: expected a dense tensor {sizes}, got {got}")
+    if value.dtype != dtype:
+        raise ArgumentError(f"{label}: expected {sizes} ({dtype}), got a {value.dtype} tensor")
+    if value.shape != shape:
+        raise ArgumentError(f"{label}: expected {sizes}, got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ArgumentError(f"{label}: expected a tensor on {device} (where the inputs are), got one on {value.device}")
     if _self_overlapping(value):
         raise ArgumentError(f"{label}: several of its elements share memory (a stride of 0?); "
                             f"pass a tensor whose elements are distinct")
@@ -551,7 +557,8 @@ def linear_gelu(X, W, b, *, out=None, config=None):
     _check_tensor("b", b, torch.float16, 1, "f16[N]")
     _check_shape("b", b, (N,), "f16[N]", "W")
     device = _device(("X", X), ("W", W), ("b", b))
-    Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)), ("Y", (M, N), torch.float16))
+    Y, = _outputs(out, device, (("X", X), ("W", W), ("b", b)),
+                  ("Y", (M, N), torch.float16, "f16[M, N]"))
     if config is not None:   # checked where nothing is launched too: a bad config is a bad call
         config = _check_tile_config(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
                                     ("SPLIT_K", "TMA"))

@@ -272,9 +272,10 @@ def statement_lines(kir: KernelIR, roots, names: dict[int, str]) -> list[Line]:
     lines = []
     for stmt in kir.stmts:
         if id(stmt.node) not in needed or id(stmt.node) in printer.names:
+            # a name for a value already named (y = h): later statements keep reading h, as the spec
+            # says (an output y may be stored in another dtype than h holds)
             if id(stmt.node) in needed and printer.names[id(stmt.node)] != stmt.name:
                 lines.append(Line(stmt.source, (f"{stmt.name} = {printer.names[id(stmt.node)]}",)))
-                printer.names[id(stmt.node)] = stmt.name
             continue
         text, _ = printer.expr(stmt.node)
         lines.append(Line(stmt.source, (f"{stmt.name} = {text}",)))

@@ -1267,6 +1267,25 @@ def test_a_number_exponent_computes_as_torch_takes_one(text, p):
     assert torch.equal(torch.signbit(got[finite_zero]), torch.signbit(want[finite_zero]))
 
 
+@pytest.mark.parametrize("text", [
+    "kernel g(x: f32[N]) -> (y: f16[N], z: f32[N]) { h = x * 2; y = h; z = h + 1 }",
+    "kernel g(x: f32[M, N]) -> (y: f16[M, N], z: f32[M, N]) { h = x * 2; y = h; z = h - max(h) }",
+])
+def test_a_value_given_a_second_name_is_read_by_the_name_the_spec_reads(text):
+    """An output naming an earlier value (y = h, stored as f16) leaves the statements after it
+    reading h, as their comments say: z = h + 1 under # z = h + 1, never z = y + 1."""
+    k = kgen.compile(text)
+    lines = [line.strip() for line in k.source.splitlines()]
+    under = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("# z = ")]
+    assert under and all(code.startswith("z = ") and " h" in code and " y" not in code for code in under), under
+    x = torch.randn(3, 5, device=DEVICE) * 1000
+    x = x.reshape(-1) if "x: f32[N]" in text else x
+    y, z = k(x)
+    h = x * 2
+    assert torch.equal(y, h.half())
+    torch.testing.assert_close(z, h + 1 if "+ 1" in text else h - h.amax(-1, keepdim=True))
+
+
 def test_a_comment_that_says_kernel_does_not_start_a_header():
     x = torch.randn(5, device=DEVICE)
     for text in ("# kernel to scale x\ny = x * 2", "#kernel y\ny = x * 2", "# schedule: none\ny = x * 2"):

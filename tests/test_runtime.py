@@ -57,7 +57,7 @@ BAD_DECLARED = [
     ((x16(4, 8),), {"bias": x16(8), "z": 1}, ["unexpected keyword argument 'z'"]),
     ((x16(4, 8), x16(8)), {"bias": x16(8)}, ["multiple values for argument 'bias'"]),
     ((x16(4, 8), x16(8)), {"out": torch.empty(4, 8, device=DEVICE)}, ["out (y)", "torch.float16", "torch.float32"]),
-    ((x16(4, 8), x16(8)), {"out": x16(3, 8)}, ["out (y)", "shape (4, 8)", "shape (3, 8)"]),
+    ((x16(4, 8), x16(8)), {"out": x16(3, 8)}, ["out (y): expected f16[M, N] = [4, 8], got shape (3, 8)"]),
     ((x16(4, 8), x16(8)), {"out": (x16(4, 8), x16(4, 8))}, ["out: expected 1 tensor(s), got 2"]),
 ]
 

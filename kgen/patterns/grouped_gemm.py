@@ -338,7 +338,8 @@ def match(kir: KernelIR) -> GroupedPlan | None:
     checks, sizes = _list_host(kir, low, params)
     checks += gemm.bf16_check(low)
     h = host(kir)
-    outs = ", ".join(f'("{o}", list(zip({sizes[0]}, {sizes[1]})), {torch_dtype(dtypes[o])})' for o in outputs)
+    outs = ", ".join(f'("{o}", list(zip({sizes[0]}, {sizes[1]})), {torch_dtype(dtypes[o])}, '
+                     f'"{type_str(dtypes[o], low.out_shape)}")' for o in outputs)
     inputs = [f'("{params[t].name}", {params[t].name})' for t in low.tensors]
     allocate = (f"{', '.join(outputs)}{',' if len(outputs) == 1 else ''} = _group_outputs(out, device, G, "
                 f"({', '.join(inputs)}{',' if len(inputs) == 1 else ''}), {outs})")

@@ -98,8 +98,8 @@ def host(kir: KernelIR, inplace: bool = False, extra: tuple[str, ...] = ()) -> H
     devices = ", ".join(f'("{p.name}", {p.name})' for p in tensors)
     checks.append(f"device = _device({devices})")
     outs = tuple(o.name for o in kir.outputs)
-    specs = [f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, {torch_dtype(o.node.dtype)})'
-             for o in kir.outputs] + (["inplace=True"] if inplace else [])
+    specs = [f'("{o.name}", {shape_expr(o.node.shape) if o.node.shape else "()"}, {torch_dtype(o.node.dtype)}, '
+             f'"{type_str(o.node.dtype, o.node.shape)}")' for o in kir.outputs] + (["inplace=True"] if inplace else [])
     read = [p.name for p in tensors] + list(extra)
     inputs = ", ".join(f'("{t}", {t})' for t in read) + ("," if len(read) == 1 else "")
     call = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = _outputs("
