@@ -1286,6 +1286,25 @@ def test_a_value_given_a_second_name_is_read_by_the_name_the_spec_reads(text):
     torch.testing.assert_close(z, h + 1 if "+ 1" in text else h - h.amax(-1, keepdim=True))
 
 
+@pytest.mark.parametrize("shapes", [((3, 1), (3, 1)), ((1, 4), (1, 4)), ((2, 1, 4), (2, 1, 4)),
+                                    ((2, 1, 1, 5), (1, 1, 1, 5)), ((1, 1), (1, 1)), ((), ()), ((2, 3, 4), (3, 1))])
+def test_axes_of_size_one_take_no_coordinates(shapes):
+    """An output axis whose size is 1 has coordinate 0, which no operand's offsets read: the
+    block function splits offs over the other axes only, and takes no size it does not read."""
+    import ast
+    a, b = torch.randn(shapes[0], device=DEVICE), torch.randn(shapes[1], device=DEVICE)
+    if b.dim() > 1:   # column-major: the strided path
+        b = b.mT.contiguous().mT
+    k = kgen.compile("y = a * b")
+    assert torch.equal(k(a, b), a * b)
+    fn = next(node for node in ast.parse(k.source).body
+              if isinstance(node, ast.FunctionDef) and node.name == "_y_block")
+    names = [n for n in ast.walk(fn) if isinstance(n, ast.Name)]
+    read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+    assert {n.id for n in names if isinstance(n.ctx, ast.Store)} <= read
+    assert {a.arg for a in fn.args.args if a.arg.startswith("size")} <= read
+
+
 def test_a_comment_that_says_kernel_does_not_start_a_header():
     x = torch.randn(5, device=DEVICE)
     for text in ("# kernel to scale x\ny = x * 2", "#kernel y\ny = x * 2", "# schedule: none\ny = x * 2"):

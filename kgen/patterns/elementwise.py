@@ -73,8 +73,19 @@ class ElementwisePlan:
         return len(self.sizes)
 
     @property
+    def live_axes(self) -> tuple[int, ...]:
+        """The output's axes whose size is not the literal 1: the coordinates to split offs into
+        (an axis of size 1 has coordinate 0, which no operand's offsets read)."""
+        return tuple(axis for axis, size in enumerate(self.sizes) if size != "1")
+
+    @property
     def coordinates(self) -> tuple[str, ...]:
-        return coordinates(self.rank)
+        """The strided path's first lines: offs split into the output's coordinates."""
+        if not self.live_axes:
+            return ()
+        shape = ", ".join(self.sizes)
+        return (f"# offs -> coordinates in the output's shape [{shape}]",
+                *coordinates(self.rank, axes=self.live_axes))
 
     @property
     def kernel_params(self) -> tuple[str, ...]:
@@ -88,7 +99,7 @@ class ElementwisePlan:
         return self._params(())
 
     def _params(self, first: tuple[str, ...]) -> tuple[str, ...]:
-        groups = [first + tuple(f"size{axis}" for axis in range(1, self.rank))]
+        groups = [first + tuple(f"size{axis}" for axis in self.live_axes[1:])]
         groups += [tuple(f"{op.name}_stride{axis}" for _, axis in op.strides) for op in self.operands]
         return tuple(", ".join(g) + "," for g in groups if g)
 
@@ -96,7 +107,7 @@ class ElementwisePlan:
     def launch_args(self) -> tuple[str, ...]:
         """Host expressions for the kernel's arguments, grouped as ``kernel_params``."""
         groups = [tuple(op.name for op in self.inputs) + self.scalars + tuple(op.name for op in self.outputs),
-                  ("n_elements",) + self.sizes[1:]]
+                  ("n_elements",) + tuple(self.sizes[axis] for axis in self.live_axes[1:])]
         groups += [tuple(f"{op.name}.stride({axis})" for _, axis in op.strides) for op in self.operands]
         return tuple(", ".join(g) + "," for g in groups if g)
 
@@ -239,16 +250,18 @@ def _schedule(kir: KernelIR):
     return ((None, *candidates[0]),), candidates if len(candidates) > 1 else ()
 
 
-def coordinates(rank: int, index: str = "offs") -> tuple[str, ...]:
+def coordinates(rank: int, index: str = "offs", axes: tuple[int, ...] | None = None) -> tuple[str, ...]:
     """Lines that split a flat ``index`` into coordinates ``idx0 ... idx{rank-1}`` of a
-    shape whose sizes past the first are ``size1 ...`` (row reductions split ``row``)."""
-    if rank <= 1:
-        return (f"idx0 = {index}",) if rank else ()
+    shape whose sizes past the first are ``size1 ...`` (row reductions split ``row``);
+    ``axes``: only these (the others have size 1)."""
+    axes = tuple(range(rank)) if axes is None else axes
+    if len(axes) <= 1:
+        return tuple(f"idx{axis} = {index}" for axis in axes)
     lines, rest = [], index
-    for axis in range(rank - 1, 0, -1):
-        lines.append(f"idx{axis} = {rest} % size{axis}")
-        nxt = "rem" if axis > 1 else "idx0"
-        lines.append(f"{nxt} = {rest} // size{axis}")
+    for i in range(len(axes) - 1, 0, -1):
+        lines.append(f"idx{axes[i]} = {rest} % size{axes[i]}")
+        nxt = "rem" if i > 1 else f"idx{axes[0]}"
+        lines.append(f"{nxt} = {rest} // size{axes[i]}")
         rest = "rem"
     return tuple(lines)
 
