@@ -454,7 +454,8 @@ def _moe(kir: KernelIR, low: gemm.Lowered, params: dict, shapes: dict, dtypes: d
             ragged[t] = True
         else:
             return {**none, "moe_why": f"'{t}' has M on an axis other than its first ({type_str(dtype, shape)})"}
-    taken = {d for s in shapes.values() for d in s if isinstance(d, str)} | set(params) | set(low.outputs)
+    dims = [*shapes.values(), *(p.shape for p in kir.params if p.shape)]   # lists never read too
+    taken = {d for s in dims for d in s if isinstance(d, str)} | set(params) | set(low.outputs)
     T = _fresh(taken, "T", "T_rows", "total_rows")
     G = "G"   # never a spec's dimension (HOST_LOCALS)
     # The host checks the stacked tensors as one tensor each: its own shape with T or G in front.
