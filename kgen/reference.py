@@ -126,6 +126,12 @@ def evaluate_node(node: Node, operands: list):
     return _eval(node, operands, {}, exact=True)
 
 
+def _compared_in(operand: Node, common):
+    """The dtype a comparison's operand is rounded to: the one the sides meet in, or f32 for a
+    value of that 16-bit dtype (an input's or a cast's is exact there, a computed one is not rounded)."""
+    return common.compute if operand.dtype is common and not operand.is_weak else common
+
+
 def _eval(node: Node, operands: list, args: dict, exact: bool):
     if node.op is Op.INPUT:
         x = args[node.arg]
@@ -146,10 +152,12 @@ def _eval(node: Node, operands: list, args: dict, exact: bool):
     if exact and node.dtype.is_float:
         operands = [_widen(o, ints_too=True) for o in operands]
     elif exact and node.op in COMPARISONS and (common := result_type(*node.inputs)).is_float:
-        # compared as the kernel and torch compare them: each side rounded to the dtype they meet
-        # in (f32 x == 0.1 holds for x = f32(0.1); i32 16777217 == f32 16777216.0 holds)
-        operands = [torch.as_tensor(o, dtype=torch.float64).to(common.torch) if not isinstance(o, torch.Tensor)
-                    else o.to(common.torch) for o in operands]
+        # compared as the kernel compares them: each side rounded to the dtype they meet in (f32
+        # x == 0.1 holds for x = f32(0.1); i32 16777217 == f32 16777216.0 holds), but a side of
+        # that 16-bit dtype to f32, which holds it in the kernel (a computed f16 x * 3 unrounded)
+        operands = [torch.as_tensor(o, dtype=torch.float64).to(_compared_in(i, common).torch)
+                    if not isinstance(o, torch.Tensor) else o.to(_compared_in(i, common).torch)
+                    for o, i in zip(operands, node.inputs)]
     if node.op in (Op.SUM, Op.MAX, Op.MIN, Op.MEAN):
         result = REFERENCE_OPS[node.op](operands[0], node.arg)
     elif node.op is Op.CLAMP:

@@ -649,6 +649,27 @@ def test_comparisons_meet_in_f32_as_in_torch(text, args, fn):
     assert torch.equal(got, want) and torch.equal(reference.to(got.dtype), got), (got, want, reference)
 
 
+F16_NEAR = torch.tensor([1.0009765625, 1.0, 0.5, -0.45947265625], dtype=torch.float16)
+
+
+@pytest.mark.parametrize("text, args, fn", [
+    ("y = x * 1023 >= 1024", (F16_NEAR,), lambda x: x.float() * 1023 >= 1024),
+    ("z = where(x * 3 > y, x, y)", (F16_NEAR, torch.full((4,), -1.37890625, dtype=torch.float16)),
+     lambda x, y: torch.where(x.float() * 3 > y.float(), x, y)),
+    ("y = f16(x * 1023) >= 1024", (F16_NEAR,), lambda x: (x * 1023).float() >= 1024),
+    ("y = x == 0.1", (torch.tensor([0.1, 0.2], dtype=torch.float16),), lambda x: x == 0.1),
+])
+def test_the_reference_compares_a_computed_16_bit_value_as_the_kernel_holds_it(text, args, fn):
+    """A computed f16 value is the kernel's f32 one (README, "Promotion"): the reference compares
+    it unrounded too, as it rounds an input, a cast or a number to f16 (it had rounded x * 1023 to
+    f16, and kgen run reported the right kernel off by 1)."""
+    args = tuple(a.to(DEVICE) for a in args)
+    kernel = kgen.compile(text)
+    got, want = kernel(*args), fn(*args)
+    reference = evaluate(kernel.ir, dict(zip(kernel.inputs, args)))[0]
+    assert torch.equal(got, want) and torch.equal(reference.to(got.dtype), got), (got, want, reference)
+
+
 BINARY_SPECS = {
     "X + Y": lambda x, y: x + y, "X - Y": lambda x, y: x - y, "X * Y": lambda x, y: x * y,
     "X / Y": lambda x, y: x / y, "X ** Y": torch.pow, "maximum(X, Y)": torch.maximum,
