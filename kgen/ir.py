@@ -193,7 +193,9 @@ def format_ir(kir: KernelIR) -> str:
     """A readable dump for ``kgen show --emit ir``."""
     params = ", ".join(f"{p.name}: {'[' if p.is_list else ''}{type_str(p.dtype, p.shape)}"
                        f"{']' if p.is_list else ''}" for p in kir.params)
-    outs = ", ".join(f"{o.name}: {type_str(o.node.dtype, o.node.shape)}" for o in kir.outputs)
+    grouped = any(p.is_list for p in kir.params)   # a list kernel's outputs are lists too
+    outs = ", ".join(f"{o.name}: {'[' * grouped}{type_str(o.node.dtype, o.node.shape)}{']' * grouped}"
+                     for o in kir.outputs)
     lines = [f"kernel {kir.name}({params}) -> {outs}"]
     ids: dict[int, str] = {}
     for node in topo_order(o.node for o in kir.outputs):

@@ -152,6 +152,11 @@ def test_headerless_dims_are_unified_and_named():
     assert "kernel y(X: f32[M, N], B: f32[N]) -> Y: f32[M, N]" in format_ir(kir)
 
 
+def test_a_list_kernels_ir_shows_its_outputs_as_lists():
+    kir = check(parse("kernel g(A: [f16[M, K]], B: [f16[K, N]]) -> C: [f16[M, N]] { C = A @ B }"))[0]
+    assert format_ir(kir).splitlines()[0] == "kernel g(A: [f16[M, K]], B: [f16[K, N]]) -> C: [f16[M, N]]"
+
+
 def test_headerless_dim_names_avoid_value_names():
     kir = checked("N = M * 2", tensor(D.F32, 2))
     assert not {"M", "N"} & set(kir.params[0].shape)
