@@ -510,21 +510,25 @@ class RowReducePlan:
     pattern: str = "row_reduce"
 
     @property
+    def _peer_reduce(self) -> list:
+        """The split kernel's chunk reduction, as its peer helper prints it."""
+        reduce = self.split.reduce
+        return [*reduce.before, *reduce.single.columns, *reduce.single.lanes, *reduce.loads, *reduce.single.body,
+                *reduce.single.stores, *reduce.after]
+
+    @property
     def peer_tile_loads(self) -> tuple[str, ...]:
         """The per-tile loads that the chunk's reduction reads (a per-row operand that only the
         outputs read is not loaded in the split kernel's peer helper)."""
-        reduce = self.split.reduce
-        code = _code([*reduce.before, *reduce.single.lanes, *reduce.loads, *reduce.single.body, *reduce.after])
+        code = _code(self._peer_reduce)
         return tuple(line for line in self.looped_tile_loads if _reads(code, _ASSIGNS.match(line).group(1)))
 
     @property
     def peer_parameters(self) -> tuple[str, ...]:
         """The pointers, sizes and strides that the split kernel's peer helper reads: the operands
         of the chunk's reduction (none of the outputs)."""
-        reduce = self.split.reduce
         code = _code([*self.uniform_loads, *self.coordinates, *self.peer_tile_loads, *self.split.peer_starts,
-                      *reduce.before, *reduce.single.columns, *reduce.single.lanes, *reduce.loads,
-                      *reduce.single.body, *reduce.single.stores, *reduce.after])
+                      *self._peer_reduce])
         return tuple(p for p in (*self.pointers, *self.sizes, *self.strides) if p == "n_rows" or _reads(code, p))
 
     @property
